@@ -1,0 +1,227 @@
+"""Shared fixtures: a real ``motus serve`` process per test, and a leak check.
+
+``start_server(agent, *args)`` runs ``python -m motus serve start <agent> --port <free>``
+(gunicorn, as a user runs it) in a subprocess, waits until ``GET /health`` answers, and
+stops it at the end of the test, failing the test if the server or anything it started
+outlives that stop. Test agents live in importable modules under ``tests/`` (for example
+``tests.agents:echo``).
+
+The autouse ``no_leaks`` fixture fails any test that leaves a child process or a thread
+behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> object:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (then fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A running ``motus serve`` subprocess."""
+
+    url: str
+    process: subprocess.Popen[str]
+    log_path: Path
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.get(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+
+    def post(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.post(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+
+    def put(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.put(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+
+    def delete(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.delete(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+
+    def create_session(self) -> str:
+        response = self.post("/sessions", json={})
+        assert response.status_code == 201, response.text
+        return response.json()["session_id"]
+
+    def send(self, session_id: str, content: str, **fields: object) -> requests.Response:
+        response = self.post(f"/sessions/{session_id}/messages", json={"content": content, **fields})
+        assert response.status_code == 202, response.text
+        return response
+
+    def wait(self, session_id: str, timeout: float = 10.0) -> dict:
+        response = self.get(f"/sessions/{session_id}", params={"wait": "true", "timeout": timeout}, timeout=timeout + 10)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def wait_for_status(self, session_id: str, status: str, timeout: float = 20.0) -> dict:
+        """Long-poll until the session is in ``status`` (fails after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.wait(session_id, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            if body["status"] == status:
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"session {session_id} stayed {body['status']!r}, wanted {status!r}: {body}")
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait; fail if the server or any process it started survives.
+
+        Descendants are recorded before the signal because an orphan is re-parented away
+        from us and would otherwise escape the leak check.
+        """
+        descendants = self.descendants()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+                raise AssertionError(f"server did not stop within {timeout}s of SIGTERM:\n{self.log()}")
+        try:
+            wait_until(lambda: not [p for p in descendants if _alive(p)], timeout=10, what="server's children to exit")
+        except AssertionError:
+            survivors = [p.pid for p in descendants if _alive(p)]
+            for proc in descendants:
+                if _alive(proc):
+                    proc.kill()
+            raise AssertionError(f"processes {survivors} outlived the server:\n{self.log()}") from None
+        return self.process.returncode
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.pop("MOTUS_API_KEY", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def launch(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m motus ...`` in its own process group, output to ``log_path``."""
+    log_file = open(log_path, "w")  # noqa: SIM115 - the child owns the descriptor's lifetime
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "motus", *args],
+            cwd=ROOT,
+            env=server_env(env),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    finally:
+        log_file.close()
+
+
+def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeout: float = 30.0) -> None:
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}:\n{log_path.read_text(errors='replace')}")
+        try:
+            return requests.get(url + "/health", timeout=1).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    wait_until(healthy, timeout=timeout, interval=0.02, what=f"{url}/health")
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Factory: ``start_server("tests.agents:echo", "--workers", "2", env={...})``."""
+    servers: list[Server] = []
+
+    def start(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+        port = free_port()
+        log_path = tmp_path / f"server-{len(servers)}.log"
+        process = launch(["serve", "start", agent, "--port", str(port), *args], log_path, env)
+        server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
+        servers.append(server)
+        wait_healthy(server.url, process, log_path)
+        return server
+
+    yield start
+    problems = []
+    for server in servers:
+        try:
+            server.stop()
+        except AssertionError as exc:
+            problems.append(str(exc))
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+def _children() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True) if child.status() != psutil.STATUS_ZOMBIE}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail a test that leaves child processes or threads running after it ends."""
+    threads_before = set(threading.enumerate())
+    children_before = _children()
+    yield
+
+    def clean() -> bool:
+        return not (_children() - children_before) and not (set(threading.enumerate()) - threads_before)
+
+    try:
+        wait_until(clean, timeout=10, interval=0.05, what="the test's processes and threads to end")
+    except AssertionError:
+        leftover_children = [psutil.Process(pid).cmdline() for pid in _children() - children_before if psutil.pid_exists(pid)]
+        leftover_threads = [t.name for t in set(threading.enumerate()) - threads_before]
+        for pid in _children() - children_before:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"test leaked processes {leftover_children} or threads {leftover_threads}")

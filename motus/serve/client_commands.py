@@ -1,12 +1,393 @@
-"""Client commands of ``motus serve`` (chat, health, create, sessions, get, delete, messages, send).
+"""Client commands of ``motus serve``: chat, health, create, sessions, get, delete, messages, send.
 
-Placeholder until the client issue lands: ``register`` adds nothing yet.
+Every command is a thin layer over :class:`motus.client.Client`. Output is readable text by
+default and the API's JSON with ``--json`` (except ``chat``, which is interactive). Every
+command takes ``--api-key`` (default: ``$MOTUS_API_KEY``), sent as ``Authorization: Bearer``
+and never printed.
+
+Failures never show a traceback: a server that is not there prints
+``Error: Could not connect to URL``; an HTTP error prints its status and the server's
+``detail``; both exit with status 1. Ctrl-C exits with 130.
+
+``--param KEY=VALUE`` values become the message's ``user_params``: ``42`` -> int,
+``1.5`` -> float, ``true``/``false`` -> bool, anything else (including ``nan``, ``inf``
+and an empty value) stays a string.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
 import click
+
+from motus.client import (
+    DEFAULT_POLL_SECONDS,
+    Client,
+    ClientError,
+    ConnectionFailed,
+    SessionResponse,
+    SessionSummary,
+    Webhook,
+)
+from motus.models import ChatMessage
+from motus.serve.chat import EXIT_INTERRUPTED, Chat, Console, describe_error
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def register(group: click.Group) -> None:
     """Add the client commands to the ``motus serve`` group."""
+    for command in (chat, health, create, sessions, get, delete, messages, send):
+        group.add_command(command)
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def parse_params(pairs: tuple[str, ...] | list[str]) -> dict[str, Any] | None:
+    """``["n=3", "x=1.5", "debug=true", "name=Bob"]`` -> typed ``user_params`` (None if empty).
+
+    Raises click.BadParameter for an item without ``=`` or with an empty key.
+    """
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--param")
+        params[key] = coerce_value(value)
+    return params or None
+
+
+def coerce_value(text: str) -> Any:
+    """``"42"`` -> 42, ``"-1.5"`` -> -1.5, ``"true"`` -> True; anything else unchanged."""
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text  # "nan", "inf" stay strings
+
+
+def _common(command: F) -> F:
+    """``--api-key`` for every command."""
+    return click.option(
+        "--api-key",
+        envvar="MOTUS_API_KEY",
+        default=None,
+        metavar="KEY",
+        help="API key sent as 'Authorization: Bearer KEY' (default: $MOTUS_API_KEY).",
+    )(command)
+
+
+def _json_option(command: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of text.")(command)
+
+
+_param_option = click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Add to the message's user_params (repeatable; numbers and true/false are converted).",
+)
+
+
+def _handle_errors(command: F) -> F:
+    """Turn client errors into one line on stderr and exit status 1 (130 for Ctrl-C)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except ConnectionFailed as exc:
+            click.echo(f"Error: {exc.detail}", err=True)
+        except ClientError as exc:
+            click.echo(f"Error: {describe_error(exc)}", err=True)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted.", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.splitlines()) if text else prefix.rstrip()
+
+
+# --------------------------------------------------------------------------- readable output
+
+
+def format_session(session: SessionResponse) -> str:
+    lines = [f"session_id: {session.session_id}", f"status: {session.status}"]
+    if session.response is not None:
+        lines.append("response:")
+        lines.append(_indent(format_message(session.response), "  "))
+    if session.error:
+        lines.append("error:")
+        lines.append(_indent(session.error.rstrip(), "  "))
+    for item in session.interrupts or []:
+        lines.append(f"interrupt {item.interrupt_id} ({item.type}):")
+        lines.append(_indent(json.dumps(item.payload, indent=2, ensure_ascii=False), "  "))
+    return "\n".join(lines)
+
+
+def format_sessions(rows: list[SessionSummary]) -> str:
+    if not rows:
+        return "No sessions."
+    width = max(len("SESSION ID"), *(len(row.session_id) for row in rows))
+    lines = [f"{'SESSION ID':<{width}}  {'STATUS':<11}  MESSAGES"]
+    lines.extend(f"{row.session_id:<{width}}  {row.status:<11}  {row.total_messages}" for row in rows)
+    return "\n".join(lines)
+
+
+def format_message(message: ChatMessage) -> str:
+    """``role: content``, tool calls as ``name(arguments)``, continuation lines indented."""
+    who = message.role + (f" ({message.name})" if message.name and message.role == "tool" else "")
+    parts = []
+    if message.content:
+        parts.append(message.content)
+    for call in message.tool_calls or []:
+        parts.append(f"-> {call.function.name}({call.function.arguments})")
+    if message.base64_image:
+        parts.append("[image]")
+    if message.user_params:
+        parts.append("user_params: " + json.dumps(message.user_params, ensure_ascii=False))
+    body = "\n".join(parts) if parts else "(empty)"
+    first, *rest = body.split("\n")
+    return "\n".join([f"{who}: {first}", *("  " + line for line in rest)])
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@click.command()
+@click.argument("url")
+@click.argument("message", required=False)
+@click.option("--session", "session_id", metavar="ID", help="Join this existing session (never deleted on exit).")
+@click.option("--keep", is_flag=True, help="Keep the session this chat creates, and print its id.")
+@_param_option
+@_common
+def chat(url: str, message: str | None, session_id: str | None, keep: bool, params: tuple[str, ...], api_key: str | None) -> None:
+    """Chat with the agent at URL: one MESSAGE, or a REPL without it.
+
+    Interrupts are answered in the terminal: tool approvals (y/N, e to edit the
+    arguments), questions with numbered options and an Other answer, and any other type
+    as a JSON value. The session is created here and deleted on exit unless --keep.
+    """
+    user_params = parse_params(params)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    runner = Chat(Client(url, api_key=api_key), Console(), session_id=session_id, keep=keep, user_params=user_params)
+    sys.exit(runner.run(message))
+
+
+@click.command()
+@click.argument("url")
+@_json_option
+@_common
+@_handle_errors
+def health(url: str, as_json: bool, api_key: str | None) -> None:
+    """Show the server's health: workers and session count."""
+    with Client(url, api_key=api_key) as client:
+        result = client.health()
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    else:
+        click.echo("\n".join(f"{key}: {value}" for key, value in result.model_dump().items()))
+
+
+@click.command()
+@click.argument("url")
+@click.option("--id", "session_id", metavar="ID", help="Use this UUID (the server needs --allow-custom-ids).")
+@click.option(
+    "--state",
+    "state_file",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Preload the history from a JSON file holding a list of messages ('-' for stdin).",
+)
+@_json_option
+@_common
+@_handle_errors
+def create(url: str, session_id: str | None, state_file: str | None, as_json: bool, api_key: str | None) -> None:
+    """Create a session and print its id."""
+    state = _read_state(state_file) if state_file else None
+    with Client(url, api_key=api_key) as client:
+        session = client.create_session(state=state, session_id=session_id)
+    if as_json:
+        _print_json(session.model_dump(mode="json"))
+    else:
+        click.echo(session.session_id)
+
+
+def _read_state(path: str) -> list[Any]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        state = json.loads(text)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--state") from None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"{path} is not valid JSON: {exc}", param_hint="--state") from None
+    if not isinstance(state, list):
+        raise click.BadParameter(f"{path} must hold a JSON list of messages", param_hint="--state")
+    return state
+
+
+@click.command()
+@click.argument("url")
+@_json_option
+@_common
+@_handle_errors
+def sessions(url: str, as_json: bool, api_key: str | None) -> None:
+    """List the server's sessions."""
+    with Client(url, api_key=api_key) as client:
+        rows = client.list_sessions()
+    if as_json:
+        _print_json([row.model_dump(mode="json") for row in rows])
+    else:
+        click.echo(format_sessions(rows))
+
+
+@click.command()
+@click.argument("url")
+@click.argument("session_id", metavar="ID")
+@click.option("--wait", is_flag=True, help="Long poll: return once the session is not running.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_POLL_SECONDS,
+    show_default=True,
+    help="With --wait: give up after this many seconds (the session may still be running).",
+)
+@_json_option
+@_common
+@_handle_errors
+def get(url: str, session_id: str, wait: bool, timeout: float, as_json: bool, api_key: str | None) -> None:
+    """Show a session: status, response, error and pending interrupts."""
+    with Client(url, api_key=api_key) as client:
+        session = client.get_session(session_id, wait=wait, timeout=timeout if wait else None)
+    _print_session(session, as_json)
+
+
+def _print_session(session: SessionResponse, as_json: bool) -> None:
+    if as_json:
+        _print_json(session.model_dump(mode="json"))
+    else:
+        click.echo(format_session(session))
+
+
+@click.command()
+@click.argument("url")
+@click.argument("session_id", metavar="ID")
+@_json_option
+@_common
+@_handle_errors
+def delete(url: str, session_id: str, as_json: bool, api_key: str | None) -> None:
+    """Delete a session (a running or interrupted turn is stopped)."""
+    with Client(url, api_key=api_key) as client:
+        client.delete_session(session_id)
+    if as_json:
+        _print_json({"session_id": session_id, "deleted": True})
+    else:
+        click.echo(f"Deleted session {session_id}")
+
+
+@click.command()
+@click.argument("url")
+@click.argument("session_id", metavar="ID")
+@_json_option
+@_common
+@_handle_errors
+def messages(url: str, session_id: str, as_json: bool, api_key: str | None) -> None:
+    """Show a session's stored messages, oldest first."""
+    with Client(url, api_key=api_key) as client:
+        history = client.get_messages(session_id)
+    if as_json:
+        _print_json([message.model_dump(mode="json") for message in history])
+    elif not history:
+        click.echo("No messages.")
+    else:
+        click.echo("\n".join(format_message(message) for message in history))
+
+
+@click.command()
+@click.argument("url")
+@click.argument("session_id", metavar="ID")
+@click.argument("message")
+@click.option("--role", type=click.Choice(["user", "system", "assistant", "tool"]), default="user", show_default=True)
+@click.option("--wait", is_flag=True, help="Wait until the turn ends or pauses on an interrupt, then show the session.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="With --wait: give up after this many seconds (default: wait as long as it takes).",
+)
+@click.option("--webhook-url", metavar="URL", help="POST the outcome here when the turn ends.")
+@click.option("--webhook-token", metavar="TOKEN", help="Sent to the webhook as 'Authorization: Bearer TOKEN'.")
+@click.option("--webhook-include-messages", is_flag=True, help="Include the session's messages in the webhook.")
+@_param_option
+@_json_option
+@_common
+@_handle_errors
+def send(
+    url: str,
+    session_id: str,
+    message: str,
+    role: str,
+    wait: bool,
+    timeout: float | None,
+    webhook_url: str | None,
+    webhook_token: str | None,
+    webhook_include_messages: bool,
+    params: tuple[str, ...],
+    as_json: bool,
+    api_key: str | None,
+) -> None:
+    """Send MESSAGE to a session (starts a turn).
+
+    With --wait, exits with status 1 if the turn ended in error.
+    """
+    if (webhook_token or webhook_include_messages) and not webhook_url:
+        raise click.UsageError("--webhook-token and --webhook-include-messages need --webhook-url")
+    webhook = Webhook(url=webhook_url, token=webhook_token, include_messages=webhook_include_messages) if webhook_url else None
+    user_params = parse_params(params)
+    with Client(url, api_key=api_key) as client:
+        accepted = client.send_message(session_id, message, role=role, user_params=user_params, webhook=webhook)
+        if not wait:
+            if as_json:
+                _print_json(accepted.model_dump(mode="json"))
+            else:
+                click.echo(f"Message accepted; session {accepted.session_id} is {accepted.status}.")
+            return
+        session = _wait_until_settled(client, session_id, timeout)
+    _print_session(session, as_json)
+    if session.status == "error":
+        sys.exit(1)
+
+
+def _wait_until_settled(client: Client, session_id: str, timeout: float | None) -> SessionResponse:
+    """Long poll until the session is not running, or ``timeout`` seconds pass."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        poll = DEFAULT_POLL_SECONDS if deadline is None else min(DEFAULT_POLL_SECONDS, max(0.0, deadline - time.monotonic()))
+        session = client.get_session(session_id, wait=True, timeout=poll)
+        if session.status != "running" or (deadline is not None and time.monotonic() >= deadline):
+            return session

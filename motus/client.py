@@ -1,0 +1,524 @@
+"""A small Python client for a ``motus serve`` server, built on ``requests``.
+
+``Client`` has one method per REST endpoint, each returning the pydantic model of the API
+(serving-api.md), and ``run_turn`` / ``finish_turn`` drive a whole turn: send, long poll,
+hand every pending interrupt to a callback, resume with what it returns, and return the
+final response. The ``motus serve`` CLI commands are built on this module only.
+
+Errors form one family rooted at :class:`ClientError`; every one carries ``status`` (the HTTP
+status, or ``None`` when no response arrived) and ``detail`` (the server's ``detail`` field,
+or a message saying what went wrong)::
+
+    ClientError
+    ├── ConnectionFailed      no answer: refused, reset, DNS, or the read timed out
+    ├── APIError              the server answered 4xx/5xx (``status``, ``detail``)
+    │   ├── Unauthorized      401: wrong or missing API key
+    │   ├── NotFound          404: unknown or deleted session, interrupt not pending
+    │   ├── Conflict          409: a turn is already running or interrupted; id exists
+    │   └── Unavailable       503: the server's session limit is reached
+    ├── TurnFailed            the turn ended in ``error``; ``session`` holds the state
+    └── TurnPaused            ``run_turn`` only: the callback skipped an interrupt
+
+Example::
+
+    from motus.client import Client
+
+    def answer(interrupt):
+        if interrupt.type == "tool_approval":
+            return {"approved": True}
+        return {"answers": {}}
+
+    with Client("http://127.0.0.1:8000") as client:
+        session = client.create_session()
+        reply = client.run_turn(session.session_id, "delete the old logs", answer)
+        print(reply.content)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import requests
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from motus.models import ChatMessage
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "APIError",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "ConnectionFailed",
+    "HealthResponse",
+    "InterruptHandler",
+    "InterruptInfo",
+    "MessageAccepted",
+    "NotFound",
+    "ResumeAccepted",
+    "SKIP",
+    "SessionResponse",
+    "SessionSummary",
+    "TurnFailed",
+    "TurnPaused",
+    "Unauthorized",
+    "Unavailable",
+    "Webhook",
+]
+
+SessionStatus = Literal["idle", "running", "interrupted", "error"]
+
+#: Seconds one long poll asks the server to hold the request (``?wait=true&timeout=``).
+DEFAULT_POLL_SECONDS = 25.0
+
+
+# --------------------------------------------------------------------------- models
+# These mirror serving-api.md field for field. Unknown fields are ignored so that a newer
+# server can add fields without breaking an older client.
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class InterruptInfo(_Model):
+    """One pending interrupt: ``type`` is ``payload["type"]`` (or ``"unknown"``)."""
+
+    interrupt_id: str
+    type: str = "unknown"
+    payload: dict[str, Any] = {}
+
+
+class SessionResponse(_Model):
+    """``GET /sessions/{id}``. ``response``/``error`` are null while running."""
+
+    session_id: str
+    status: SessionStatus
+    response: ChatMessage | None = None
+    error: str | None = None
+    interrupts: list[InterruptInfo] | None = None
+
+
+class SessionSummary(_Model):
+    """One row of ``GET /sessions``."""
+
+    session_id: str
+    total_messages: int
+    status: SessionStatus
+
+
+class HealthResponse(_Model):
+    """``GET /health``."""
+
+    status: str
+    max_workers: int
+    running_workers: int
+    total_sessions: int
+
+
+class MessageAccepted(_Model):
+    """``POST /sessions/{id}/messages`` (202): the turn has started."""
+
+    session_id: str
+    status: SessionStatus
+
+
+class ResumeAccepted(_Model):
+    """``POST /sessions/{id}/resume`` (200): ``status`` after the resume was taken."""
+
+    session_id: str
+    status: SessionStatus
+
+
+class Webhook(_Model):
+    """Where the server POSTs the outcome when the turn ends in ``idle`` or ``error``."""
+
+    url: str
+    token: str | None = None
+    include_messages: bool = False
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ClientError(Exception):
+    """Base of every error this module raises: ``status`` (or None) and ``detail``."""
+
+    def __init__(self, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+
+    def __str__(self) -> str:
+        return self.detail if self.status is None else f"{self.status}: {self.detail}"
+
+
+class ConnectionFailed(ClientError):
+    """No HTTP answer: the server is not there, went away, or did not answer in time."""
+
+    def __init__(self, url: str, detail: str | None = None) -> None:
+        super().__init__(detail or f"Could not connect to {url}")
+        self.url = url
+
+
+class APIError(ClientError):
+    """The server answered with an error status; ``detail`` is its ``detail`` field."""
+
+    def __init__(self, detail: str, status: int) -> None:
+        super().__init__(detail, status)
+
+
+class Unauthorized(APIError):
+    """401: the server wants an API key (``Client(api_key=...)``) and got none or a wrong one."""
+
+
+class NotFound(APIError):
+    """404: unknown or deleted session, or an interrupt that is not pending right now."""
+
+
+class Conflict(APIError):
+    """409: the session is running or interrupted, or a custom id already exists."""
+
+
+class Unavailable(APIError):
+    """503: the server cannot take more sessions (``--max-sessions``)."""
+
+
+class TurnFailed(ClientError):
+    """The turn ended in ``error``; ``detail`` is the session's error, ``session`` its state."""
+
+    def __init__(self, session: SessionResponse) -> None:
+        super().__init__(session.error or "the turn failed without an error message")
+        self.session = session
+
+
+class TurnPaused(ClientError):
+    """The interrupt callback returned :data:`SKIP`, so the session stays ``interrupted``."""
+
+    def __init__(self, session: SessionResponse) -> None:
+        pending = len(session.interrupts or [])
+        super().__init__(f"the turn is paused on {pending} unanswered interrupt(s)")
+        self.session = session
+
+
+_ERRORS_BY_STATUS: dict[int, type[APIError]] = {
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    503: Unavailable,
+}
+
+
+class _Skip:
+    """Type of :data:`SKIP`."""
+
+    _instance: _Skip | None = None
+
+    def __new__(cls) -> _Skip:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "SKIP"
+
+
+#: Return this from an interrupt callback to leave that interrupt pending (not resumed).
+SKIP: Any = _Skip()
+
+#: ``callback(interrupt) -> value`` posted as the resume ``value`` (or :data:`SKIP`).
+InterruptHandler = Callable[[InterruptInfo], Any]
+
+
+# --------------------------------------------------------------------------- client
+
+
+def normalize_url(url: str) -> str:
+    """``localhost:8000/`` -> ``http://localhost:8000``: add a scheme, drop trailing slashes."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+class Client:
+    """Talks to one ``motus serve`` server. Safe to reuse; not meant to be shared by threads.
+
+    ``timeout`` bounds every request (connect and read). A long poll (``wait=True``) reads
+    for its own ``timeout`` plus this one, so a poll the server holds open on purpose is
+    never mistaken for a dead server. Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+        self.base_url = normalize_url(base_url)
+        self.timeout = timeout
+        self._http = requests.Session()
+        self._http.headers["Accept"] = "application/json"
+        if api_key:
+            self._http.headers["Authorization"] = f"Bearer {api_key}"
+
+    def __repr__(self) -> str:  # never shows the API key
+        return f"Client({self.base_url!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------------ endpoints
+
+    def health(self) -> HealthResponse:
+        """``GET /health``."""
+        return _parse(HealthResponse, self._request("GET", "/health"))
+
+    def create_session(
+        self,
+        state: Iterable[ChatMessage | dict[str, Any]] | None = None,
+        session_id: str | None = None,
+    ) -> SessionResponse:
+        """Create a session, optionally with preloaded ``state`` and a custom ``session_id``.
+
+        A custom id uses ``PUT /sessions/{id}``, which the server allows only with
+        ``--allow-custom-ids`` (405 otherwise, 400 for a non-UUID, 409 if it exists).
+        """
+        body: dict[str, Any] = {}
+        if state is not None:
+            body["state"] = [_message_dict(message) for message in state]
+        if session_id is None:
+            data = self._request("POST", "/sessions", json=body)
+        else:
+            data = self._request("PUT", self._session_path(session_id), json=body)
+        return _parse(SessionResponse, data)
+
+    def list_sessions(self) -> list[SessionSummary]:
+        """``GET /sessions``."""
+        data = self._request("GET", "/sessions")
+        return [_parse(SessionSummary, item) for item in _expect_list(data)]
+
+    def get_session(self, session_id: str, wait: bool = False, timeout: float | None = None) -> SessionResponse:
+        """``GET /sessions/{id}``; with ``wait`` a long poll of up to ``timeout`` seconds.
+
+        A long poll returns as soon as the session is not ``running``, or after
+        ``timeout`` seconds (default ``DEFAULT_POLL_SECONDS``) with the session still
+        ``running``.
+        """
+        params: dict[str, Any] = {}
+        read_timeout = self.timeout
+        if wait:
+            poll = DEFAULT_POLL_SECONDS if timeout is None else max(0.0, timeout)
+            params = {"wait": "true", "timeout": _seconds(poll)}
+            read_timeout = poll + self.timeout
+        data = self._request("GET", self._session_path(session_id), params=params, read_timeout=read_timeout)
+        return _parse(SessionResponse, data)
+
+    def delete_session(self, session_id: str) -> None:
+        """``DELETE /sessions/{id}``; kills a running or interrupted turn at once."""
+        self._request("DELETE", self._session_path(session_id))
+
+    def get_messages(self, session_id: str) -> list[ChatMessage]:
+        """``GET /sessions/{id}/messages``: the stored state, oldest first."""
+        data = self._request("GET", self._session_path(session_id) + "/messages")
+        return [_parse(ChatMessage, item) for item in _expect_list(data)]
+
+    def send_message(
+        self,
+        session_id: str,
+        message: str | ChatMessage,
+        *,
+        role: str = "user",
+        user_params: dict[str, Any] | None = None,
+        webhook: Webhook | dict[str, Any] | None = None,
+    ) -> MessageAccepted:
+        """``POST /sessions/{id}/messages``: start a turn (409 while one is in progress).
+
+        ``message`` is the content, or a whole ``ChatMessage`` (then ``role`` is ignored
+        and ``user_params``, if given, replaces the message's own).
+        """
+        if isinstance(message, ChatMessage):
+            body = message.model_dump(mode="json")
+        else:
+            body = {"role": role, "content": message}
+        if user_params is not None:
+            body["user_params"] = user_params
+        if webhook is not None:
+            body["webhook"] = Webhook.model_validate(webhook).model_dump(mode="json")
+        data = self._request("POST", self._session_path(session_id) + "/messages", json=body)
+        return _parse(MessageAccepted, data)
+
+    def resume(self, session_id: str, interrupt_id: str, value: Any) -> ResumeAccepted:
+        """``POST /sessions/{id}/resume``: answer one pending interrupt with ``value``."""
+        body = {"interrupt_id": interrupt_id, "value": value}
+        data = self._request("POST", self._session_path(session_id) + "/resume", json=body)
+        return _parse(ResumeAccepted, data)
+
+    # ------------------------------------------------------------------ turns
+
+    def wait(self, session_id: str, poll_seconds: float = DEFAULT_POLL_SECONDS) -> SessionResponse:
+        """Long poll until the session is not ``running``; returns it (any other status)."""
+        while True:
+            session = self.get_session(session_id, wait=True, timeout=poll_seconds)
+            if session.status != "running":
+                return session
+
+    def finish_turn(
+        self,
+        session_id: str,
+        on_interrupt: InterruptHandler,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+    ) -> SessionResponse:
+        """Drive the turn in progress to its end and return the session as it ends.
+
+        Each pending interrupt is handed to ``on_interrupt`` exactly once, and its return
+        value is posted as the resume ``value``. Long polls that time out are simply
+        repeated. Returns the session in ``idle`` or ``error``; or in ``interrupted`` when
+        every interrupt still pending was skipped (the callback returned :data:`SKIP`).
+
+        A resume refused with 404 (the turn timed out or failed while the person was
+        answering) is not an error here: the next poll shows what happened to the turn.
+
+        Raises:
+            NotFound: the session does not exist or was deleted during the turn.
+            ConnectionFailed: the server went away.
+        """
+        handled: set[str] = set()
+        while True:
+            session = self.wait(session_id, poll_seconds)
+            if session.status != "interrupted":
+                return session
+            fresh = [item for item in session.interrupts or [] if item.interrupt_id not in handled]
+            if not fresh:
+                return session  # only skipped interrupts remain: nothing more we can do
+            for item in fresh:
+                handled.add(item.interrupt_id)
+                value = on_interrupt(item)
+                if value is SKIP:
+                    continue
+                try:
+                    self.resume(session_id, item.interrupt_id, value)
+                except NotFound as exc:
+                    # Either the session is gone (the next poll raises NotFound) or the
+                    # interrupt stopped being pending (the next poll shows the turn's end).
+                    log.info("resume of %s refused: %s", item.interrupt_id, exc.detail)
+
+    def run_turn(
+        self,
+        session_id: str,
+        message: str | ChatMessage,
+        on_interrupt: InterruptHandler,
+        *,
+        user_params: dict[str, Any] | None = None,
+        webhook: Webhook | dict[str, Any] | None = None,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+    ) -> ChatMessage:
+        """Send ``message``, answer interrupts with ``on_interrupt``, return the response.
+
+        Raises:
+            TurnFailed: the turn ended in ``error`` (``.detail`` is the session's error).
+            TurnPaused: ``on_interrupt`` returned :data:`SKIP` and the session waits.
+            Conflict: a turn is already in progress in this session.
+            NotFound: the session does not exist or was deleted during the turn.
+            ConnectionFailed: the server is not there or went away.
+        """
+        self.send_message(session_id, message, user_params=user_params, webhook=webhook)
+        session = self.finish_turn(session_id, on_interrupt, poll_seconds)
+        if session.status == "error":
+            raise TurnFailed(session)
+        if session.status == "interrupted":
+            raise TurnPaused(session)
+        if session.response is None:
+            return ChatMessage.assistant_message(content=None)
+        return session.response
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _session_path(self, session_id: str) -> str:
+        return "/sessions/" + quote(session_id, safe="")
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        read_timeout: float | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON body (None for 204), or raise."""
+        url = self.base_url + path
+        if read_timeout is None:
+            read_timeout = self.timeout
+        try:
+            response = self._http.request(
+                method, url, params=params, json=json, timeout=(self.timeout, read_timeout)
+            )
+        except requests.Timeout:
+            raise ConnectionFailed(
+                self.base_url, f"{self.base_url} did not answer within {read_timeout:g} seconds"
+            ) from None
+        except requests.RequestException:
+            raise ConnectionFailed(self.base_url) from None
+        if response.status_code >= 400:
+            error_class = _ERRORS_BY_STATUS.get(response.status_code, APIError)
+            raise error_class(_error_detail(response), response.status_code)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise ClientError(
+                f"{method} {path} answered with a body that is not JSON: {response.text[:200]!r}",
+                response.status_code,
+            ) from None
+
+
+def _error_detail(response: requests.Response) -> str:
+    """The server's ``detail`` field, or the start of the body, or the status reason."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return text[:500] if text else (response.reason or "error")
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        return detail if isinstance(detail, str) else json.dumps(detail)
+    return json.dumps(body)[:500]
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _parse(model: type[_M], data: Any) -> _M:
+    """Validate a server answer; a shape we do not understand is a ClientError, not a crash."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ClientError(f"unexpected {model.__name__} from the server: {exc}") from None
+
+
+def _expect_list(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise ClientError(f"expected a JSON list from the server, got {type(data).__name__}")
+    return data
+
+
+def _message_dict(message: ChatMessage | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(message, ChatMessage):
+        return message.model_dump(mode="json")
+    try:
+        return ChatMessage.model_validate(message).model_dump(mode="json")
+    except ValidationError as exc:
+        raise ValueError(f"state must be a list of chat messages: {exc}") from None
+
+
+def _seconds(value: float) -> str:
+    """Render a timeout for the query string: ``5`` not ``5.0``."""
+    return f"{value:g}"

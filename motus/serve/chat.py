@@ -1,0 +1,443 @@
+"""The interactive chat of ``motus serve chat``: a REPL that answers every interrupt.
+
+Built only on :mod:`motus.client` (``Client.finish_turn`` drives each turn); this module adds
+the terminal: how interrupts are shown and answered, the spinner, and session cleanup.
+
+How each interrupt is answered (the resume ``value``):
+
+- ``tool_approval``: the tool and its arguments are shown; ``Approve? [y/N]``.
+  ``y`` -> ``{"approved": true}``; ``e`` edits the arguments as JSON first ->
+  ``{"approved": true, "tool_args": {...}}``; anything else rejects, with an optional
+  reason -> ``{"approved": false[, "reason": "..."]}``.
+- ``user_input``: every question with its header and numbered options (a ``markdown``
+  preview in a box), plus a last "(Other: type your own answer)" choice. ``Choice:`` takes
+  one number, or several (``1,3``) for ``multiSelect`` questions, whose answer is the chosen
+  labels joined by ", ". -> ``{"answers": {question: answer}}``.
+- any other type: ``[warn] unknown interrupt type: <type>``, then the payload as JSON, and
+  the person types a JSON value to resume with, or an empty line to leave it pending
+  (:data:`motus.client.SKIP`), which the next message of the REPL asks about again.
+
+Guarantees: each pending interrupt is asked once per poll cycle; a session this chat
+created is deleted when it exits (also on Ctrl-C), unless ``--keep``; a session joined
+with ``--session`` is never deleted; errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http import HTTPStatus
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from motus.client import SKIP, Client, ClientError, InterruptInfo, SessionResponse
+
+#: Exit status after Ctrl-C, as shells report a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
+
+OTHER_LABEL = "(Other: type your own answer)"
+
+
+class Console:
+    """Line-based terminal I/O: conversation and prompts on stdout, notices on stderr."""
+
+    def __init__(self, stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+        self.stdin = stdin or sys.stdin
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+
+    def say(self, text: str = "") -> None:
+        self.stdout.write(text + "\n")
+        self.stdout.flush()
+
+    def note(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    def ask(self, prompt: str) -> str:
+        """Show ``prompt`` and read one line (without its newline). EOFError at end of input."""
+        self.stdout.write(prompt)
+        self.stdout.flush()
+        line = self.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\r\n")
+
+    @property
+    def unicode(self) -> bool:
+        return "utf" in (getattr(self.stdout, "encoding", None) or "").lower()
+
+
+class Spinner:
+    """An animated "working" line on a terminal stream while the agent runs.
+
+    Does nothing when the stream is not a terminal, so piped output stays clean.
+    ``start``/``stop`` are idempotent; ``stop`` erases the line before returning, so
+    whatever is printed next starts on a clean line.
+    """
+
+    FRAMES = "|/-\\"
+    LABEL = "working"
+
+    def __init__(self, stream: TextIO, interval: float = 0.1) -> None:
+        self._stream = stream
+        self._interval = interval
+        self._enabled = _isatty(stream)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not self._enabled or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._spin, name="motus-chat-spinner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join()
+        self._stream.write("\r\x1b[K")
+        self._stream.flush()
+
+    def _spin(self) -> None:
+        index = 0
+        while True:
+            self._stream.write(f"\r{self.FRAMES[index % len(self.FRAMES)]} {self.LABEL}")
+            self._stream.flush()
+            index += 1
+            if self._stop.wait(self._interval):
+                return
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------- answering
+
+
+def answer_interrupt(info: InterruptInfo, console: Console) -> Any:
+    """Show one interrupt, ask the person, return the resume value (or ``SKIP``)."""
+    if info.type == "tool_approval":
+        return answer_tool_approval(info.payload, console)
+    if info.type == "user_input":
+        questions = _valid_questions(info.payload)
+        if questions is not None:
+            return answer_user_input(questions, console)
+        console.note("[warn] malformed user_input payload (questions need question, header and options with labels)")
+    else:
+        console.note(f"[warn] unknown interrupt type: {info.type}")
+    return answer_custom(info.payload, console)
+
+
+def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str, Any]:
+    tool_name = payload.get("tool_name") or "(unnamed tool)"
+    args = payload.get("tool_args")
+    edited = False
+    console.say(f"\nThe agent wants to run: {tool_name}")
+    while True:
+        console.say(format_arguments(args))
+        console.say("(y = approve, e = edit the arguments first, n or Enter = reject)")
+        reply = console.ask("Approve? [y/N] ").strip().lower()
+        if reply in ("y", "yes"):
+            return {"approved": True, "tool_args": args} if edited else {"approved": True}
+        if reply in ("e", "edit"):
+            args = _ask_json_object(console, args)
+            edited = True
+            console.say("Edited arguments:")
+            continue
+        reason = console.ask("Reason (optional, Enter to skip): ").strip()
+        return {"approved": False, "reason": reason} if reason else {"approved": False}
+
+
+def answer_user_input(questions: list[dict[str, Any]], console: Console) -> dict[str, Any]:
+    answers: dict[str, str] = {}
+    for question in questions:
+        console.say("")
+        console.say(format_question(question, console.unicode))
+        options = question["options"]
+        multi = bool(question.get("multiSelect"))
+        while True:
+            try:
+                picks = parse_choices(console.ask("Choice: "), len(options) + 1, multi)
+                break
+            except ValueError as exc:
+                console.say(str(exc))
+        chosen = []
+        for number in picks:
+            if number <= len(options):
+                chosen.append(str(options[number - 1]["label"]))
+            else:
+                chosen.append(_ask_nonempty(console, "Your answer: "))
+        answers[str(question["question"])] = ", ".join(chosen)
+    return {"answers": answers}
+
+
+def answer_custom(payload: dict[str, Any], console: Console) -> Any:
+    console.say(json.dumps(payload, indent=2, ensure_ascii=False))
+    while True:
+        text = console.ask("Answer with a JSON value (Enter to skip): ").strip()
+        if not text:
+            console.note("[info] interrupt left pending")
+            return SKIP
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            console.say(f"Not valid JSON ({exc.msg}); strings need double quotes, e.g. \"yes\".")
+
+
+def _ask_json_object(console: Console, current: Any) -> Any:
+    console.say("Current arguments: " + json.dumps(current, ensure_ascii=False))
+    while True:
+        text = console.ask("New arguments as a JSON object (Enter to keep): ").strip()
+        if not text:
+            return current
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            console.say(f"Not valid JSON: {exc.msg}.")
+            continue
+        if isinstance(value, dict):
+            return value
+        console.say("The arguments must be a JSON object, e.g. {\"path\": \"/tmp/x\"}.")
+
+
+def _ask_nonempty(console: Console, prompt: str) -> str:
+    while True:
+        text = console.ask(prompt).strip()
+        if text:
+            return text
+
+
+# --------------------------------------------------------------------------- rendering (pure)
+
+
+def format_arguments(args: Any) -> str:
+    """Tool arguments one per line, ``  name: value``; strings as-is, the rest as JSON."""
+    if args is None or args == {}:
+        return "  (no arguments)"
+    if not isinstance(args, dict):
+        return "  " + json.dumps(args, ensure_ascii=False)
+    lines = []
+    for name, value in args.items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        first, *rest = text.split("\n") if text else [""]
+        lines.append(f"  {name}: {first}")
+        lines.extend("    " + line for line in rest)
+    return "\n".join(lines)
+
+
+def format_question(question: dict[str, Any], unicode: bool = True) -> str:
+    """A question with its header, numbered options and previews, and the Other choice."""
+    header = question.get("header")
+    lines = [f"[{header}] {question['question']}" if header else str(question["question"])]
+    if question.get("multiSelect"):
+        lines.append("(choose one or more, separated by commas, e.g. 1,3)")
+    options = question["options"]
+    for number, option in enumerate(options, start=1):
+        description = option.get("description")
+        lines.append(f"  {number}. {option['label']}" + (f" - {description}" if description else ""))
+        if option.get("markdown"):
+            lines.extend(boxed(str(option["markdown"]), indent="     ", unicode=unicode))
+    lines.append(f"  {len(options) + 1}. {OTHER_LABEL}")
+    return "\n".join(lines)
+
+
+def boxed(text: str, indent: str = "", unicode: bool = True) -> list[str]:
+    """``text`` in a box, for monospace previews."""
+    top, side, bottom = ("┌", "│", "└") if unicode else ("+", "|", "+")
+    rule = ("─" if unicode else "-") * max(8, min(60, max(len(line) for line in text.splitlines() or [""]) + 2))
+    return [indent + top + rule, *(f"{indent}{side} {line}" for line in text.splitlines()), indent + bottom + rule]
+
+
+def parse_choices(text: str, count: int, multi: bool) -> list[int]:
+    """``"1, 3"`` -> ``[1, 3]``: 1-based choices, de-duplicated in order.
+
+    Raises ValueError with a message for the person when the text is not one number
+    (several, separated by commas or spaces, if ``multi``) between 1 and ``count``.
+    """
+    parts = [part for part in text.replace(",", " ").split() if part]
+    expected = f"a number from 1 to {count}" + (", or several separated by commas" if multi else "")
+    if not parts or (len(parts) > 1 and not multi):
+        raise ValueError(f"Please enter {expected}.")
+    picks: list[int] = []
+    for part in parts:
+        if not part.isdigit() or not 1 <= int(part) <= count:
+            raise ValueError(f"{part!r} is not a choice. Please enter {expected}.")
+        if int(part) not in picks:
+            picks.append(int(part))
+    return picks
+
+
+def _valid_questions(payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The payload's questions if every one can be rendered, else None."""
+    questions = payload.get("questions")
+    if not isinstance(questions, list) or not questions:
+        return None
+    for question in questions:
+        if not isinstance(question, dict) or not isinstance(question.get("question"), str):
+            return None
+        options = question.get("options")
+        if not isinstance(options, list) or not all(isinstance(o, dict) and "label" in o for o in options):
+            return None
+    return questions
+
+
+def error_summary(error: str | None) -> str:
+    """The last line of an agent's traceback (``ValueError: boom``), or the whole message."""
+    if not error:
+        return "the turn failed"
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Traceback (most recent call last)"):
+        return lines[-1].strip()
+    return error.strip()
+
+
+# --------------------------------------------------------------------------- the chat
+
+
+@dataclass
+class Chat:
+    """One chat with one session: ``run(message)`` for one-shot, ``run(None)`` for the REPL."""
+
+    client: Client
+    console: Console
+    session_id: str | None = None
+    keep: bool = False
+    user_params: dict[str, Any] | None = None
+    created: bool = field(default=False, init=False)
+    _spinner: Spinner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._spinner = Spinner(self.console.stderr)
+
+    def run(self, message: str | None) -> int:
+        """Run the chat and return the exit status; deletes a created session at the end."""
+        status = 1
+        try:
+            status = self._run(message)
+        except KeyboardInterrupt:
+            self._spinner.stop()
+            self.console.note("\nInterrupted.")
+            status = EXIT_INTERRUPTED
+        except EOFError:
+            self._spinner.stop()
+            self.console.note("\nError: input ended while an answer was expected.")
+            status = 1
+        except ClientError as exc:
+            self._spinner.stop()
+            self.console.note(f"Error: {describe_error(exc)}")
+            status = 1
+        finally:
+            status = self._cleanup(status)
+        return status
+
+    def _run(self, message: str | None) -> int:
+        if self.session_id is None:
+            self.session_id = self.client.create_session().session_id
+            self.created = True
+            pending = None
+        else:
+            pending = self.client.get_session(self.session_id)
+        if message is None:
+            self.console.note(
+                f"Chatting with {self.client.base_url} (session {self.session_id}). "
+                "Type /quit or press Ctrl-D to leave."
+            )
+        if message is not None:
+            return 0 if self._turn(message) else 1
+        if pending is not None and pending.status in ("running", "interrupted"):
+            self.console.note("[info] finishing the turn in progress first")
+            self._show(self._finish())
+        while True:
+            try:
+                line = self.console.ask("> ").strip()
+            except EOFError:
+                self.console.say("")
+                return 0
+            if line in ("/quit", "/exit"):
+                return 0
+            if line:
+                self._turn(line)
+
+    def _turn(self, content: str) -> bool:
+        """Send one message (after any unfinished turn) and show the outcome; True if it ended idle."""
+        current = self.client.get_session(self.session_id or "")
+        if current.status in ("running", "interrupted"):
+            self.console.note("[info] the previous turn is still waiting; finishing it first")
+            if self._show(self._finish()) is None:
+                self.console.note("[info] message not sent")
+                return False
+        self._spinner.start()
+        try:
+            self.client.send_message(self.session_id or "", content, user_params=self.user_params)
+        finally:
+            self._spinner.stop()
+        return bool(self._show(self._finish()))
+
+    def _finish(self) -> SessionResponse:
+        self._spinner.start()
+        try:
+            return self.client.finish_turn(self.session_id or "", self._answer)
+        finally:
+            self._spinner.stop()
+
+    def _answer(self, info: InterruptInfo) -> Any:
+        self._spinner.stop()
+        try:
+            return answer_interrupt(info, self.console)
+        finally:
+            self._spinner.start()
+
+    def _show(self, session: SessionResponse) -> bool | None:
+        """Print how a turn ended: True for idle, False for error, None if still paused."""
+        if session.status == "idle":
+            content = session.response.content if session.response else None
+            self.console.say(content if content else "(empty response)")
+            return True
+        if session.status == "error":
+            self.console.note(f"Error: {error_summary(session.error)}")
+            return False
+        pending = len(session.interrupts or [])
+        self.console.note(f"[info] the turn is paused on {pending} unanswered interrupt(s)")
+        return None
+
+    def _cleanup(self, status: int) -> int:
+        try:
+            if self.created and self.session_id and not self.keep:
+                try:
+                    self.client.delete_session(self.session_id)
+                except ClientError as exc:
+                    self.console.note(f"[warn] could not delete session {self.session_id}: {describe_error(exc)}")
+                else:
+                    if status == EXIT_INTERRUPTED:
+                        self.console.note(f"Deleted session {self.session_id}.")
+            elif self.created and self.session_id:
+                self.console.note(f"Session kept: {self.session_id}")
+        except KeyboardInterrupt:
+            self.console.note(f"\nInterrupted; session {self.session_id} may still exist.")
+            return EXIT_INTERRUPTED
+        finally:
+            self.client.close()
+        return status
+
+
+def describe_error(exc: ClientError) -> str:
+    """One line for a person: what failed and, for 401, what to do about it."""
+    if exc.status is None:
+        return exc.detail
+    try:
+        phrase = HTTPStatus(exc.status).phrase
+    except ValueError:
+        phrase = "HTTP error"
+    text = f"{exc.status} {phrase}: {exc.detail}"
+    if exc.status == 401:
+        text += " (set --api-key or MOTUS_API_KEY)"
+    return text

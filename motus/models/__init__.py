@@ -19,9 +19,21 @@ __all__ = [
     "OpenAIChatClient",
     "OpenRouterChatClient",
     "AnthropicChatClient",
+    "ChatCompletion",
+    "ChatClient",
+    "ModelError",
+    "Usage",
 ]
 
-_CLIENTS = {"OpenAIChatClient", "OpenRouterChatClient", "AnthropicChatClient", "ChatCompletion", "ModelError"}
+_CLIENTS = {
+    "OpenAIChatClient",
+    "OpenRouterChatClient",
+    "AnthropicChatClient",
+    "ChatCompletion",
+    "ChatClient",
+    "ModelError",
+    "Usage",
+}
 
 
 def __getattr__(name: str) -> Any:

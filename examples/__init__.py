@@ -1,0 +1,1 @@
+"""Example agents shipped with motus (``examples.serving.hitl_agent:agent``)."""

@@ -1,0 +1,1 @@
+"""Agents to serve with ``motus serve start examples.serving.<module>:agent``."""

@@ -1,0 +1,278 @@
+"""A file-management agent that pauses for a person: the spec's human-in-the-loop example.
+
+Serve it and chat with it::
+
+    motus serve start examples.serving.hitl_agent:agent --port 8000
+    motus serve chat http://localhost:8000
+
+Tools: ``list_files`` and ``read_file`` run freely; ``delete_file`` and ``move_file``
+are gated (``@tool(requires_approval=True)``: each call pauses with a
+``tool_approval`` interrupt); ``ask_user_question`` asks structured questions
+(a ``user_input`` interrupt).
+
+With ``OPENROUTER_API_KEY`` set, a real model drives it (``MOTUS_EXAMPLE_MODEL``,
+default ``anthropic/claude-sonnet-4``). Without a key (or with ``MOTUS_EXAMPLE_OFFLINE=1``)
+a small deterministic, offline *scripted model* takes its place. It goes through the
+very same ``ReActAgent``, tools, approval gates and interrupts; it only picks the tool
+calls by keywords in your message:
+
+* "delete ..." / "remove ..."          -> ``delete_file`` (approval), e.g. *delete the old logs file*
+* "move X to Y" / "archive ..."        -> ``move_file`` (approval)
+* "both", or "delete" and "move"       -> ``delete_file`` and ``move_file`` in one step:
+  two concurrent approval interrupts
+* "organize" / "clean up" / "tidy" / "sort" -> ``ask_user_question`` (one single-select
+  question; one option carries ``markdown``), e.g. *help me organize my downloads*
+* "read X" / "open X" / "show me X"    -> ``read_file``
+* "list" / "files" / "ls"              -> ``list_files``
+* anything else                       -> a plain reply that lists these words
+
+After tool results it answers with a summary quoting each tool's result text, e.g.
+``delete_file: Deleted old_logs.txt`` or ``delete_file: {"error": "User rejected delete_file"}``.
+
+Every file operation stays inside a sandbox directory: ``$MOTUS_EXAMPLE_DIR``, default
+``<tmp>/motus-hitl-example``. When that directory does not exist it is created with a
+few sample files (``old_logs.txt``, ``notes.txt``, ``downloads/...``); a path that
+resolves outside it (``..``, an absolute path elsewhere, a symlink out) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from motus.agent import ReActAgent
+from motus.models.base import ChatCompletion
+from motus.models.messages import ChatMessage, FunctionCall, ToolCall
+from motus.tools import tool
+from motus.tools.builtins.ask_user import ask_user_question
+
+SAMPLE_FILES = {
+    "old_logs.txt": "2023-01-01 12:00:00 INFO server started\n2023-01-01 12:00:05 WARN disk almost full\n",
+    "notes.txt": "Remember: back up the photos before cleaning the downloads folder.\n",
+    "downloads/holiday_photo.jpg": "(pretend this is a JPEG)\n",
+    "downloads/invoice_2024.pdf": "(pretend this is a PDF)\n",
+    "downloads/installer.dmg": "(pretend this is a disk image)\n",
+}
+
+
+def sandbox() -> Path:
+    """The directory every tool works in; created with sample files when missing."""
+    root = Path(os.environ.get("MOTUS_EXAMPLE_DIR") or Path(tempfile.gettempdir()) / "motus-hitl-example")
+    if not root.exists():
+        for name, text in SAMPLE_FILES.items():
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    return root.resolve()
+
+
+def _inside(path: str) -> Path:
+    """Resolve ``path`` inside the sandbox, or raise ``ValueError``."""
+    root = sandbox()
+    candidate = (root / path).resolve()
+    if candidate != root and root not in candidate.parents:
+        raise ValueError(f"{path!r} is outside the sandbox; use paths relative to {root}")
+    return candidate
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(sandbox()).as_posix() or "."
+
+
+@tool
+def list_files(directory: str = ".") -> str:
+    """List the files in a directory of the sandbox (recursively).
+
+    Args:
+        directory: a directory relative to the sandbox; "." for all of it.
+    """
+    base = _inside(directory)
+    if not base.is_dir():
+        raise ValueError(f"{directory!r} is not a directory")
+    names = sorted(_relative(p) for p in base.rglob("*") if p.is_file())
+    return "\n".join(names) if names else "(no files)"
+
+
+@tool
+def read_file(path: str) -> str:
+    """Read a text file from the sandbox (first 4000 characters).
+
+    Args:
+        path: the file, relative to the sandbox.
+    """
+    return _inside(path).read_text(errors="replace")[:4000]
+
+
+@tool(requires_approval=True)
+def delete_file(path: str) -> str:
+    """Delete a file at the given path (relative to the sandbox).
+
+    Args:
+        path: the file to delete.
+    """
+    target = _inside(path)
+    if not target.is_file():
+        raise FileNotFoundError(f"no file {path!r}")
+    target.unlink()
+    return f"Deleted {_relative(target)}"
+
+
+@tool(requires_approval=True)
+def move_file(source: str, destination: str) -> str:
+    """Move or rename a file inside the sandbox. Parent folders are created as needed.
+
+    Args:
+        source: the file to move.
+        destination: where it goes; an existing folder keeps the file's name.
+    """
+    origin, target = _inside(source), _inside(destination)
+    if not origin.is_file():
+        raise FileNotFoundError(f"no file {source!r}")
+    if target.is_dir():
+        target = target / origin.name
+    if target.exists():
+        raise FileExistsError(f"{_relative(target)} already exists")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(origin), str(target))
+    return f"Moved {_relative(origin)} to {_relative(target)}"
+
+
+TOOLS = [list_files, read_file, delete_file, move_file, ask_user_question]
+
+SYSTEM_PROMPT = (
+    "You manage files in a sandbox folder. Paths are relative to it. Use list_files and "
+    "read_file freely. delete_file and move_file ask the user for approval; if they reject, "
+    "do not retry the same call, ask what they want instead. When a request is vague (for "
+    "example 'organize my downloads'), call ask_user_question with clear options before acting."
+)
+
+ORGANIZE_QUESTION = {
+    "question": "How would you like to organize the files?",
+    "header": "Strategy",
+    "multiSelect": False,
+    "options": [
+        {"label": "By date", "description": "Group files by year and month"},
+        {"label": "By type", "description": "Group files by extension", "markdown": "downloads/\n  jpg/holiday_photo.jpg\n  pdf/invoice_2024.pdf\n  dmg/installer.dmg"},
+        {"label": "By size", "description": "Move large files into a separate folder"},
+    ],
+}
+
+_FILE_TOKEN = re.compile(r"[\w./-]*\w\.\w+")
+_MOVE = re.compile(r"\bmove\s+(?:the\s+)?(?P<source>[\w./-]+)\s+(?:to|into)\s+(?P<destination>[\w./-]+)", re.IGNORECASE)
+
+
+class ScriptedFileModel:
+    """An offline stand-in for a model: picks tool calls by keywords (see the module docstring).
+
+    It implements the same client interface as the real clients
+    (``chat(model=, messages=, tools=) -> ChatCompletion``), so the agent, the tools and
+    the interrupts it exercises are exactly those a real model would drive.
+    """
+
+    def chat(self, *, model: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None, **options: Any) -> ChatCompletion:
+        last = messages[-1]
+        if last.role == "tool":
+            return ChatCompletion(message=ChatMessage.assistant_message(self._summarize(messages)), model=model)
+        step = sum(1 for m in messages if m.role == "assistant") + 1
+        calls = self._plan((last.content or "").strip())
+        if not calls:
+            return ChatCompletion(message=ChatMessage.assistant_message(self._help()), model=model)
+        tool_calls = [
+            ToolCall(id=f"call_{step}_{index}", function=FunctionCall(name=name, arguments=json.dumps(arguments)))
+            for index, (name, arguments) in enumerate(calls)
+        ]
+        return ChatCompletion(message=ChatMessage.assistant_message(None, tool_calls=tool_calls), model=model)
+
+    def _plan(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        lowered = text.lower()
+        deleting = any(word in lowered for word in ("delete", "remove"))
+        moving = "move" in lowered or "archive" in lowered
+        if "both" in lowered or (deleting and moving):
+            return [("delete_file", {"path": _pick_file(text, "old_logs.txt")}), ("move_file", {"source": "notes.txt", "destination": "archive/notes.txt"})]
+        if deleting:
+            return [("delete_file", {"path": _pick_file(text, "old_logs.txt")})]
+        if moving:
+            match = _MOVE.search(text)
+            if match:
+                return [("move_file", {"source": match["source"], "destination": match["destination"]})]
+            source = _pick_file(text, "notes.txt")
+            return [("move_file", {"source": source, "destination": f"archive/{Path(source).name}"})]
+        if any(word in lowered for word in ("organize", "organise", "clean up", "tidy", "sort")):
+            return [("ask_user_question", {"questions": [ORGANIZE_QUESTION]})]
+        if any(word in lowered for word in ("read", "open", "show me")):
+            return [("read_file", {"path": _pick_file(text, "notes.txt")})]
+        if any(word in lowered for word in ("list", "files", "ls")):
+            return [("list_files", {})]
+        return []
+
+    @staticmethod
+    def _summarize(messages: list[ChatMessage]) -> str:
+        results: list[ChatMessage] = []
+        for message in reversed(messages):
+            if message.role != "tool":
+                break
+            results.insert(0, message)
+        lines = []
+        for result in results:
+            text = result.content or ""
+            if result.name == "ask_user_question":
+                try:
+                    answers = json.loads(text).get("answers")
+                except (ValueError, AttributeError):
+                    answers = None
+                if answers:
+                    chosen = "; ".join(f"{q} -> {a}" for q, a in answers.items())
+                    lines.append(f"ask_user_question: you answered {chosen}. Tell me which files to move and I'll ask before each move.")
+                    continue
+            lines.append(f"{result.name}: {text}")
+        return "Here is what happened:\n" + "\n".join(f"- {line}" for line in lines)
+
+    @staticmethod
+    def _help() -> str:
+        return (
+            "(offline demo model: set OPENROUTER_API_KEY for a real one) I manage the files in "
+            f"{sandbox()}. Try: 'list files', 'read notes.txt', 'delete the old logs file', "
+            "'move notes.txt to archive/notes.txt', 'delete and move both', or 'help me organize my downloads'."
+        )
+
+
+def _pick_file(text: str, default: str) -> str:
+    """The file a message names: an explicit ``name.ext``, else sandbox files whose name words all appear."""
+    match = _FILE_TOKEN.search(text)
+    if match:
+        return match.group(0)
+    words = set(re.findall(r"[a-z0-9]+", text.lower()))
+    try:
+        root = sandbox()
+        candidates = sorted(_relative(p) for p in root.rglob("*") if p.is_file())
+    except OSError:
+        candidates = []
+    for name in candidates:
+        stem_words = re.findall(r"[a-z0-9]+", Path(name).stem.lower())
+        if stem_words and set(stem_words) <= words:
+            return name
+    return default
+
+
+def build_agent() -> ReActAgent:
+    """A real model when ``OPENROUTER_API_KEY`` is set (and not forced offline), else the scripted one."""
+    offline = os.environ.get("MOTUS_EXAMPLE_OFFLINE", "").strip() not in ("", "0")
+    if os.environ.get("OPENROUTER_API_KEY", "").strip() and not offline:
+        from motus.models.openai_client import OpenRouterChatClient
+
+        return ReActAgent(
+            client=OpenRouterChatClient(),
+            model_name=os.environ.get("MOTUS_EXAMPLE_MODEL", "anthropic/claude-sonnet-4"),
+            system_prompt=SYSTEM_PROMPT,
+            tools=TOOLS,
+            max_steps=12,
+        )
+    return ReActAgent(client=ScriptedFileModel(), model_name="scripted-file-model", system_prompt=SYSTEM_PROMPT, tools=TOOLS, max_steps=6)
+
+
+agent = build_agent()

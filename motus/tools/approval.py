@@ -1,0 +1,103 @@
+"""The approval gate behind ``@tool(requires_approval=...)``.
+
+``requires_approval=True`` puts :func:`approval_gate` first in the tool's input
+guardrail chain, so it runs before any guardrail the user wrote. The gate pauses the
+turn with::
+
+    interrupt({"type": "tool_approval", "tool_name": <name>, "tool_args": {...}})
+
+and reads the resume value (see :func:`parse_approval`):
+
+* ``{"approved": true}`` runs the tool with the model's arguments.
+* ``{"approved": true, "tool_args": {...}}`` runs it with the arguments the person
+  edited (merged over the model's, validated again); the model is told which arguments
+  actually ran.
+* ``{"approved": false}``, a missing ``approved``, or any value of the wrong shape (not
+  an object, ``approved`` not a bool, ``tool_args`` not an object) raises
+  :class:`ToolRejected`; the model sees ``{"error": "User rejected <tool>"}``, or
+  ``"User rejected <tool>: <reason>"`` when the rejection carries a string ``reason``.
+  A malformed value never crashes the turn: refusing is the safe reading.
+
+``requires_approval`` may also be a callable (sync or async) that receives the tool
+arguments it declares and returns whether this call needs a person; ``False`` runs
+the tool without pausing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from motus.guardrails import Guardrail, ToolInputGuardrailTripped, call_with_declared
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ToolRejected", "ApprovalDecision", "EditedArguments", "parse_approval", "approval_gate"]
+
+
+class ToolRejected(ToolInputGuardrailTripped):
+    """The person declined a gated tool call. The model sees ``{"error": str(self)}``."""
+
+    def __init__(self, tool_name: str, reason: str | None = None) -> None:
+        message = f"User rejected {tool_name}" + (f": {reason}" if reason else "")
+        super().__init__(message)
+        self.tool_name = tool_name
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """What a resume value means: approve or not, edited arguments, a reason for refusing."""
+
+    approved: bool
+    tool_args: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+class EditedArguments(dict):  # type: ignore[type-arg]
+    """A patch returned by the approval gate: the person changed the tool's arguments."""
+
+
+def parse_approval(value: Any) -> ApprovalDecision:
+    """Read a resume value as an approval decision; anything malformed is a rejection."""
+    if not isinstance(value, dict):
+        log.warning("approval resume value is %s, not an object: treated as a rejection", type(value).__name__)
+        return ApprovalDecision(approved=False)
+    approved = value.get("approved")
+    reason = value.get("reason")
+    reason = reason.strip() if isinstance(reason, str) and reason.strip() else None
+    if approved is not True:
+        if approved is not None and not isinstance(approved, bool):
+            log.warning("approval resume value has approved=%r (not a bool): treated as a rejection", approved)
+        return ApprovalDecision(approved=False, reason=reason)
+    tool_args = value.get("tool_args")
+    if tool_args is not None and not isinstance(tool_args, dict):
+        log.warning("approval carried tool_args of type %s, not an object: treated as a rejection", type(tool_args).__name__)
+        return ApprovalDecision(approved=False, reason="the approval's edited arguments were not an object")
+    return ApprovalDecision(approved=True, tool_args=tool_args)
+
+
+def approval_gate(tool_name: str, requires_approval: bool | Callable[..., Any] = True) -> Guardrail:
+    """Build the input guardrail that asks a person before ``tool_name`` runs."""
+
+    async def approval(**arguments: Any) -> dict[str, Any] | None:
+        if callable(requires_approval) and not await call_with_declared(requires_approval, arguments):
+            return None
+        from motus.serve.interrupt import interrupt  # worker-only machinery, imported when needed
+
+        shown = to_jsonable_python(arguments)
+        value = await interrupt({"type": "tool_approval", "tool_name": tool_name, "tool_args": shown})
+        decision = parse_approval(value)
+        if not decision.approved:
+            raise ToolRejected(tool_name, decision.reason)
+        if decision.tool_args is not None and decision.tool_args != {k: shown.get(k) for k in decision.tool_args}:
+            return EditedArguments(decision.tool_args)
+        return None
+
+    approval.__name__ = f"approve_{tool_name}"
+    approval.__qualname__ = approval.__name__
+    return approval

@@ -1,0 +1,281 @@
+"""The Flask app: thin views over ``AgentServer``.
+
+Views validate bodies with the models of ``schemas.py``, call the server, and let errors
+travel as exceptions to the handlers registered once here:
+
+- ``ServeError`` (domain: 404 unknown session or interrupt, 409 busy, 503 limit) and
+  ``BadRequest`` raised by the body parser -> ``{"detail": "..."}`` with its status;
+- any ``HTTPException`` (unknown route, wrong method, body too large) -> JSON too;
+- anything else -> logged with its traceback, and a JSON 500 that names no internals. No
+  request is expected to reach it; bad input is answered with a 4xx and changes nothing.
+
+``create_app`` starts nothing: the pool starts on the first API request in the serving
+process (or earlier, when the CLI starts it eagerly after gunicorn forks).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+from typing import Any, TypeVar
+
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException
+
+from motus.serve.schemas import (
+    CreateSessionRequest,
+    HealthResponse,
+    InterruptInfo,
+    MessageAccepted,
+    ResumeAccepted,
+    ResumeRequest,
+    SendMessageRequest,
+    SessionResponse,
+    SessionSummary,
+)
+from motus.serve.sessions import ServeError, SessionStatus, SessionView
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Long polls wait 30 s unless the client asks otherwise, and never longer than this.
+DEFAULT_WAIT_SECONDS = 30.0
+MAX_WAIT_SECONDS = 300.0
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off", ""}
+
+
+class BadRequest(ServeError):
+    status_code = 400
+
+
+class Unprocessable(ServeError):
+    status_code = 422
+
+
+class CustomIdsDisabled(ServeError):
+    status_code = 405
+
+
+def create_app(server: Any) -> Flask:
+    """Build the WSGI app for ``server`` (an ``AgentServer``)."""
+    app = Flask("motus.serve")
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["motus"] = server
+    app.register_blueprint(api)
+    app.register_error_handler(ServeError, _serve_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
+    if server.ui:
+        from motus.serve.ui import register_ui
+
+        register_ui(app)
+    return app
+
+
+api = Blueprint("motus_api", __name__)
+
+
+def _server() -> Any:
+    return current_app.extensions["motus"]
+
+
+@api.before_request
+def _ensure_started() -> None:
+    _server().start()
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _json(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    response = jsonify(model.model_dump(mode="json"))
+    response.status_code = status
+    for key, value in (headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+def _body(model: type[M], allow_empty: bool = False) -> M:
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        if not allow_empty:
+            raise BadRequest("Request body is required: send a JSON object")
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"Malformed JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise Unprocessable(f"Invalid request body: {describe_validation_error(exc)}") from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(item) for item in error.get("loc", ())) or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    more = len(exc.errors()) - 5
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def _session_response(view: SessionView) -> SessionResponse:
+    interrupts = None
+    if view.status is SessionStatus.INTERRUPTED:
+        interrupts = [
+            InterruptInfo(interrupt_id=item.interrupt_id, type=item.type, payload=item.payload)
+            for item in view.interrupts
+        ]
+    return SessionResponse(
+        session_id=view.session_id,
+        status=view.status.value,
+        response=view.response,
+        error=view.error,
+        interrupts=interrupts,
+    )
+
+
+def _flag(name: str) -> bool:
+    value = request.args.get(name, "false").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise BadRequest(f"Query parameter {name!r} must be true or false, got {value!r}")
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"Query parameter {name!r} must be a number of seconds, got {raw!r}") from None
+    if math.isnan(value) or value < 0:
+        raise BadRequest(f"Query parameter {name!r} must be a number of seconds >= 0, got {raw!r}")
+    return min(value, MAX_WAIT_SECONDS)
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+
+@api.get("/health")
+def health() -> Response:
+    return _json(HealthResponse(**_server().health()))
+
+
+@api.post("/sessions")
+def create_session() -> Response:
+    body = _body(CreateSessionRequest, allow_empty=True)
+    return _create(None, body)
+
+
+@api.put("/sessions/<session_id>")
+def put_session(session_id: str) -> Response:
+    if not _server().allow_custom_ids:
+        raise CustomIdsDisabled("Custom session ids are disabled; start the server with --allow-custom-ids")
+    try:
+        uuid.UUID(session_id)
+    except ValueError:
+        raise BadRequest(f"Session id must be a UUID, got {session_id!r}") from None
+    body = _body(CreateSessionRequest, allow_empty=True)
+    return _create(session_id, body)
+
+
+def _create(session_id: str | None, body: CreateSessionRequest) -> Response:
+    state = [message.model_dump(mode="json") for message in body.state or []]
+    view = _server().store.create(session_id=session_id, state=state)
+    return _json(_session_response(view), 201, {"Location": f"/sessions/{view.session_id}"})
+
+
+@api.get("/sessions")
+def list_sessions() -> Response:
+    summaries = [
+        SessionSummary(session_id=view.session_id, total_messages=view.total_messages, status=view.status.value)
+        for view in _server().store.list()
+    ]
+    return jsonify([summary.model_dump(mode="json") for summary in summaries])
+
+
+@api.get("/sessions/<session_id>")
+def get_session(session_id: str) -> Response:
+    store = _server().store
+    if _flag("wait"):
+        view = store.wait(session_id, _seconds("timeout", DEFAULT_WAIT_SECONDS))
+    else:
+        view = store.get(session_id)
+    return _json(_session_response(view))
+
+
+@api.delete("/sessions/<session_id>")
+def delete_session(session_id: str) -> Response:
+    _server().delete(session_id)
+    return Response(status=204)
+
+
+@api.post("/sessions/<session_id>/messages")
+def send_message(session_id: str) -> Response:
+    body = _body(SendMessageRequest)
+    message = body.message().model_dump(mode="json")
+    webhook = body.webhook.model_dump(mode="json") if body.webhook else None
+    _server().send_message(session_id, message, webhook)
+    return _json(
+        MessageAccepted(session_id=session_id, status="running"), 202, {"Location": f"/sessions/{session_id}"}
+    )
+
+
+@api.get("/sessions/<session_id>/messages")
+def get_messages(session_id: str) -> Response:
+    return jsonify(_server().store.messages(session_id))
+
+
+@api.post("/sessions/<session_id>/resume")
+def resume(session_id: str) -> Response:
+    _server().store.get(session_id)  # 404 for an unknown session before judging the body
+    body = _body(ResumeRequest)
+    view = _server().resume(session_id, body.interrupt_id, body.value)
+    return _json(ResumeAccepted(session_id=session_id, status=view.status.value))
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def _serve_error(exc: ServeError) -> Response:
+    response = jsonify({"detail": exc.detail})
+    response.status_code = exc.status_code
+    return response
+
+
+def _http_error(exc: HTTPException) -> Response:
+    if exc.code == 404:
+        detail = f"Not found: no route for {request.method} {request.path}"
+    elif exc.code == 405:
+        allowed = ", ".join(sorted(exc.valid_methods or ()))  # type: ignore[attr-defined]
+        detail = f"Method {request.method} is not allowed on {request.path}; allowed: {allowed}"
+    else:
+        detail = f"{exc.name}: {exc.description}" if exc.description else exc.name
+    response = jsonify({"detail": detail})
+    response.status_code = exc.code or 500
+    if exc.code == 405 and exc.valid_methods:  # type: ignore[attr-defined]
+        response.headers["Allow"] = ", ".join(exc.valid_methods)  # type: ignore[attr-defined]
+    return response
+
+
+def _unexpected_error(exc: Exception) -> Response:
+    log.exception("unexpected error serving %s %s", request.method, request.path)
+    response = jsonify({"detail": "Internal server error"})
+    response.status_code = 500
+    return response

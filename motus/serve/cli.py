@@ -1,0 +1,121 @@
+"""``motus serve ...``: ``start`` runs a server; the client commands are added by
+``motus.serve.client_commands``. The same server options serve ``flask motus serve``.
+
+``start`` checks the agent import path before anything listens (a clear message and exit
+code 2 on a bad path) and checks that the port is free, then runs gunicorn with one worker
+process and ``--threads`` request threads; the agent server is built inside that worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from motus.serve import client_commands
+from motus.serve.agents import AgentLoadError, load_agent
+
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+
+
+def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every way of starting a server shares."""
+    options = [
+        click.argument("agent"),
+        click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind."),
+        click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535)),
+        click.option("--workers", default=0, type=click.IntRange(0), help="Turns running at once (default: CPU count)."),
+        click.option("--ttl", default=0.0, type=click.FloatRange(0), help="Sweep idle/error sessions untouched this long (s); 0 = never."),
+        click.option("--timeout", default=0.0, type=click.FloatRange(0), help="Kill a turn after this many seconds; 0 = never."),
+        click.option("--max-sessions", default=0, type=click.IntRange(0), help="Cap on live sessions; 0 = unlimited."),
+        click.option("--shutdown-timeout", default=0.0, type=click.FloatRange(0), help="Wait this long for running turns on shutdown; 0 = as long as they take."),
+        click.option("--allow-custom-ids", is_flag=True, help="Allow PUT /sessions/{id} with a client-chosen UUID."),
+        click.option("--log-level", default="info", type=click.Choice(LOG_LEVELS, case_sensitive=False), show_default=True),
+        click.option("--no-ui", "no_ui", is_flag=True, help="Do not serve the web chat at /ui/."),
+        click.option("--threads", default=128, show_default=True, type=click.IntRange(1), help="HTTP request threads (each long poll holds one)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+    )
+
+
+def check_agent_path(agent: str) -> None:
+    """Import the agent now, from the current folder too (as ``python -m`` would)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        load_agent(agent)
+    except AgentLoadError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise click.ClickException(f"Port {port} on {host} is already in use; choose another with --port") from None
+            raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
+    def build() -> Any:
+        from motus.serve.server import AgentServer
+
+        configure_logging(opts["log_level"])
+        return AgentServer(
+            opts["agent"],
+            max_workers=opts["workers"],
+            ttl=opts["ttl"],
+            timeout=opts["timeout"],
+            max_sessions=opts["max_sessions"],
+            shutdown_timeout=opts["shutdown_timeout"],
+            allow_custom_ids=opts["allow_custom_ids"],
+            ui=not opts["no_ui"],
+        )
+
+    return build
+
+
+@click.group("serve")
+def serve() -> None:
+    """Serve an agent over HTTP, or talk to a served one."""
+
+
+@serve.command("start")
+@server_options
+def start(**opts: Any) -> None:
+    """Serve AGENT (module.path:attribute) with gunicorn: one process, many threads."""
+    from motus.serve.gunicorn_app import run_gunicorn
+
+    configure_logging(opts["log_level"])
+    check_agent_path(opts["agent"])
+    check_port_free(opts["host"], opts["port"])
+    sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
+    run_gunicorn(
+        server_factory(opts),
+        host=opts["host"],
+        port=opts["port"],
+        threads=opts["threads"],
+        shutdown_timeout=opts["shutdown_timeout"],
+        log_level=opts["log_level"],
+    )
+
+
+client_commands.register(serve)

@@ -1,0 +1,92 @@
+"""The REST contract in one file: request and response bodies as pydantic models.
+
+Views validate every body with these models and answer with them, so the contract that
+clients see and the OpenAPI document can be derived from one place. Field names, defaults
+and nullability follow ``serving-api.md`` exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from motus.models import ChatMessage
+
+StatusName = Literal["idle", "running", "interrupted", "error"]
+
+
+class Webhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1)
+    token: str | None = None
+    include_messages: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
+class CreateSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    state: list[ChatMessage] | None = None
+
+
+class SendMessageRequest(ChatMessage):
+    """A ``ChatMessage`` (role defaults to ``user``) plus an optional webhook."""
+
+    webhook: Webhook | None = None
+
+    def message(self) -> ChatMessage:
+        return ChatMessage.model_validate(self.model_dump(exclude={"webhook"}))
+
+
+class ResumeRequest(BaseModel):
+    interrupt_id: str = Field(min_length=1)
+    value: Any = None
+
+
+class InterruptInfo(BaseModel):
+    interrupt_id: str
+    type: str
+    payload: dict[str, Any]
+
+
+class SessionResponse(BaseModel):
+    session_id: str
+    status: StatusName
+    response: ChatMessage | None = None
+    error: str | None = None
+    interrupts: list[InterruptInfo] | None = None
+
+
+class SessionSummary(BaseModel):
+    session_id: str
+    total_messages: int
+    status: StatusName
+
+
+class MessageAccepted(BaseModel):
+    session_id: str
+    status: StatusName
+
+
+class ResumeAccepted(BaseModel):
+    session_id: str
+    status: StatusName
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+    max_workers: int
+    running_workers: int
+    total_sessions: int
+
+
+class ErrorResponse(BaseModel):
+    detail: str

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,33 +176,51 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeo
     wait_until(healthy, timeout=timeout, interval=0.02, what=f"{url}/health")
 
 
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """Factory: ``start_server("tests.agents:echo", "--workers", "2", env={...})``."""
+@contextmanager
+def server_factory(tmp_dir: Path) -> Iterator[Callable[..., Server]]:
+    """Yield ``start(agent, *args, env=None) -> Server``; stop every server on exit."""
     servers: list[Server] = []
 
     def start(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
         port = free_port()
-        log_path = tmp_path / f"server-{len(servers)}.log"
+        log_path = tmp_dir / f"server-{len(servers)}.log"
         process = launch(["serve", "start", agent, "--port", str(port), *args], log_path, env)
         server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
         servers.append(server)
         wait_healthy(server.url, process, log_path)
         return server
 
-    yield start
-    problems = []
-    for server in servers:
-        try:
-            server.stop()
-        except AssertionError as exc:
-            problems.append(str(exc))
-    if problems:
-        pytest.fail("\n".join(problems))
+    try:
+        yield start
+    finally:
+        problems = []
+        for server in servers:
+            try:
+                server.stop()
+            except AssertionError as exc:
+                problems.append(str(exc))
+        if problems:
+            pytest.fail("\n".join(problems))
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Factory: ``start_server("tests.agents:echo", "--workers", "2", env={...})``."""
+    with server_factory(tmp_path) as start:
+        yield start
 
 
 def _children() -> set[int]:
-    return {child.pid for child in psutil.Process().children(recursive=True) if child.status() != psutil.STATUS_ZOMBIE}
+    """Direct children only: a server's own workers come and go with its turns, and
+    ``Server.stop`` checks that none of them outlives the server."""
+    found = set()
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 @pytest.fixture(autouse=True)

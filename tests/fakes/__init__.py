@@ -1,0 +1,1 @@
+"""Scripted model providers on loopback: real HTTP servers speaking the providers' protocols."""

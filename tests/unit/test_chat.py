@@ -1,0 +1,143 @@
+"""The chat's pure parts: choice parsing, rendering, and answering from scripted input."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from motus.client import SKIP, ClientError, InterruptInfo, NotFound, Unauthorized
+from motus.serve.chat import (
+    OTHER_LABEL,
+    Console,
+    answer_interrupt,
+    boxed,
+    describe_error,
+    error_summary,
+    format_arguments,
+    format_question,
+    parse_choices,
+)
+from tests.client_agents import APPROVAL, CUSTOM, QUESTIONS
+
+
+def scripted(*lines: str) -> tuple[Console, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    return Console(io.StringIO("".join(line + "\n" for line in lines)), out, err), out, err
+
+
+def info(payload: dict) -> InterruptInfo:
+    return InterruptInfo(interrupt_id="i-1", type=payload.get("type", "unknown"), payload=payload)
+
+
+@pytest.mark.parametrize(
+    ("text", "multi", "expected"),
+    [("2", False, [2]), (" 4 ", False, [4]), ("1,3", True, [1, 3]), ("3, 1 3", True, [3, 1]), ("2", True, [2])],
+)
+def test_parse_choices_accepts(text: str, multi: bool, expected: list[int]) -> None:
+    assert parse_choices(text, 4, multi) == expected
+
+
+@pytest.mark.parametrize(("text", "multi"), [("", False), ("0", False), ("5", False), ("x", True), ("1,3", False), ("1,9", True), ("-1", False)])
+def test_parse_choices_rejects_with_a_message(text: str, multi: bool) -> None:
+    with pytest.raises(ValueError, match="Please enter a number from 1 to 4"):
+        parse_choices(text, 4, multi)
+
+
+def test_format_question_numbers_options_boxes_markdown_and_adds_other() -> None:
+    text = format_question(QUESTIONS["questions"][0])
+    assert text.splitlines()[0] == "[Strategy] How would you like to organize the files?"
+    assert "  1. By date - Group files by year and month" in text
+    assert "     │ 2024/" in text and "     │   01/" in text
+    assert text.splitlines()[-1] == f"  4. {OTHER_LABEL}"
+    multi = format_question(QUESTIONS["questions"][1])
+    assert "one or more" in multi
+
+
+def test_boxed_falls_back_to_ascii() -> None:
+    assert boxed("a\nbb", unicode=False) == ["+--------", "| a", "| bb", "+--------"]
+
+
+def test_format_arguments_is_one_line_per_argument() -> None:
+    assert format_arguments({"path": "/tmp/x", "force": True, "n": [1, 2]}) == '  path: /tmp/x\n  force: true\n  n: [1, 2]'
+    assert format_arguments({"text": "a\nb"}) == "  text: a\n    b"
+    assert format_arguments({}) == "  (no arguments)"
+    assert format_arguments(None) == "  (no arguments)"
+    assert format_arguments([1]) == "  [1]"
+
+
+def test_tool_approval_yes_no_reason_and_edit() -> None:
+    console, out, _ = scripted("y")
+    assert answer_interrupt(info(APPROVAL), console) == {"approved": True}
+    assert "The agent wants to run: delete_file" in out.getvalue()
+    assert "  path: /tmp/old_logs.txt" in out.getvalue()
+    assert "Approve? [y/N] " in out.getvalue()
+
+    console, _, _ = scripted("", "")
+    assert answer_interrupt(info(APPROVAL), console) == {"approved": False}
+
+    console, _, _ = scripted("n", "too risky")
+    assert answer_interrupt(info(APPROVAL), console) == {"approved": False, "reason": "too risky"}
+
+    console, out, _ = scripted("e", "not json", "[1]", '{"path": "/tmp/new.txt"}', "yes")
+    assert answer_interrupt(info(APPROVAL), console) == {"approved": True, "tool_args": {"path": "/tmp/new.txt"}}
+    assert "Not valid JSON" in out.getvalue() and "must be a JSON object" in out.getvalue()
+    assert "  path: /tmp/new.txt" in out.getvalue()
+
+
+def test_user_input_single_multi_and_other() -> None:
+    console, out, _ = scripted("9", "1", "1,3")
+    value = answer_interrupt(info(QUESTIONS), console)
+    assert value == {
+        "answers": {
+            "How would you like to organize the files?": "By date",
+            "Which folders should be included?": "Downloads, Documents",
+        }
+    }
+    assert "'9' is not a choice" in out.getvalue()
+    assert out.getvalue().count("Choice: ") == 3
+
+    console, out, _ = scripted("4", "", "By colour", "2,4", "Music")
+    value = answer_interrupt(info(QUESTIONS), console)
+    assert value["answers"] == {
+        "How would you like to organize the files?": "By colour",
+        "Which folders should be included?": "Desktop, Music",
+    }
+    assert out.getvalue().count("Your answer: ") == 3
+
+
+def test_unknown_type_warns_and_takes_json_or_skips() -> None:
+    console, out, err = scripted("nope", '{"hex": "#4ECDC4"}')
+    assert answer_interrupt(info(CUSTOM), console) == {"hex": "#4ECDC4"}
+    assert "[warn] unknown interrupt type: color_picker" in err.getvalue()
+    assert '"prompt": "Pick a brand color"' in out.getvalue()
+    assert "Not valid JSON" in out.getvalue()
+
+    console, _, err = scripted("")
+    assert answer_interrupt(info(CUSTOM), console) is SKIP
+
+
+def test_malformed_user_input_falls_back_to_json() -> None:
+    console, _, err = scripted('"fine"')
+    payload = {"type": "user_input", "questions": "not a list"}
+    assert answer_interrupt(info(payload), console) == "fine"
+    assert "malformed user_input" in err.getvalue()
+
+
+def test_end_of_input_is_eof_error() -> None:
+    console, _, _ = scripted()
+    with pytest.raises(EOFError):
+        answer_interrupt(info(APPROVAL), console)
+
+
+def test_error_summary_keeps_the_last_traceback_line() -> None:
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nValueError: boom\n'
+    assert error_summary(traceback) == "ValueError: boom"
+    assert error_summary("Agent timed out") == "Agent timed out"
+    assert error_summary(None) == "the turn failed"
+
+
+def test_describe_error() -> None:
+    assert describe_error(NotFound("Session not found", 404)) == "404 Not Found: Session not found"
+    assert describe_error(Unauthorized("Invalid API key", 401)).endswith("(set --api-key or MOTUS_API_KEY)")
+    assert describe_error(ClientError("boom")) == "boom"

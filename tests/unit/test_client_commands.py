@@ -1,0 +1,57 @@
+"""Pure parts of the client commands: ``--param`` parsing and readable output."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from motus.client import InterruptInfo, SessionResponse, SessionSummary
+from motus.models import ChatMessage, FunctionCall, ToolCall
+from motus.serve.client_commands import coerce_value, format_message, format_session, format_sessions, parse_params
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("42", 42), ("-7", -7), ("1.5", 1.5), ("1e3", 1000.0), ("true", True), ("false", False),
+     ("True", "True"), ("nan", "nan"), ("inf", "inf"), ("", ""), ("Bob", "Bob"), ("0x10", "0x10")],
+)
+def test_coerce_value(text: str, expected: object) -> None:
+    value = coerce_value(text)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_parse_params() -> None:
+    assert parse_params(("n=3", "name=Bob", "expr=a=b", "n=4")) == {"n": 4, "name": "Bob", "expr": "a=b"}
+    assert parse_params(()) is None
+    for bad in ("novalue", "=3"):
+        with pytest.raises(click.BadParameter, match="KEY=VALUE"):
+            parse_params((bad,))
+
+
+def test_format_session_shows_response_error_and_interrupts() -> None:
+    session = SessionResponse(
+        session_id="s1",
+        status="interrupted",
+        interrupts=[InterruptInfo(interrupt_id="i1", type="tool_approval", payload={"type": "tool_approval"})],
+    )
+    text = format_session(session)
+    assert text.splitlines()[:2] == ["session_id: s1", "status: interrupted"]
+    assert "interrupt i1 (tool_approval):" in text
+    idle = format_session(SessionResponse(session_id="s1", status="idle", response=ChatMessage.assistant_message("hi\nthere")))
+    assert "response:\n  assistant: hi\n    there" in idle
+    failed = format_session(SessionResponse(session_id="s1", status="error", error="Traceback\nValueError: x"))
+    assert "error:\n  Traceback\n  ValueError: x" in failed
+
+
+def test_format_sessions_table() -> None:
+    assert format_sessions([]) == "No sessions."
+    table = format_sessions([SessionSummary(session_id="abc", total_messages=2, status="idle")])
+    assert table.splitlines()[0].split() == ["SESSION", "ID", "STATUS", "MESSAGES"]
+    assert table.splitlines()[1].split() == ["abc", "idle", "2"]
+
+
+def test_format_message_tool_calls_and_tool_results() -> None:
+    call = ChatMessage.assistant_message(tool_calls=[ToolCall(id="c1", function=FunctionCall(name="delete_file", arguments='{"path": "/x"}'))])
+    assert format_message(call) == 'assistant: -> delete_file({"path": "/x"})'
+    assert format_message(ChatMessage.tool_message("Deleted", tool_call_id="c1", name="delete_file")) == "tool (delete_file): Deleted"
+    assert format_message(ChatMessage.user_message("hi", user_params={"n": 1})) == 'user: hi\n  user_params: {"n": 1}'

@@ -20,7 +20,8 @@ Guarantee: :meth:`Tool.invoke` returns ``{"error": "..."}`` for every failure th
 can act on (bad arguments, a tripped guardrail, a rejection, an exception raised by
 the tool function) instead of raising. It lets through only what must end the turn:
 ``EOFError`` (the turn was cancelled while waiting for a person), errors raised by
-``interrupt()`` itself on the framework's behalf, and bugs inside guardrails.
+``interrupt()`` itself (called outside a worker, payload too large: the spec says these
+propagate like any other exception), and bugs inside guardrails.
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ def render_result(value: Any) -> str:
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     return json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
+
+
+def _raised_by_interrupt(exc: BaseException) -> bool:
+    """True when ``exc`` came out of ``motus.serve.interrupt`` (outside a worker, payload too
+    large...): those end the turn as the spec says, they are not the tool's own failure."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == "motus.serve.interrupt":
+            return True
+        tb = tb.tb_next
+    return False
 
 
 class _Outcome(Exception):
@@ -180,6 +192,8 @@ class Tool:
             except (GuardrailTripped, EOFError):
                 raise
             except Exception as exc:  # the model may recover from a failing tool: tell it why
+                if _raised_by_interrupt(exc):
+                    raise
                 log.warning("tool %s raised %s: %s", self.name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
                 raise _Outcome(f"{self.name} failed: {type(exc).__name__}: {exc}") from None
             if self.output_guardrails:

@@ -28,6 +28,8 @@ class Reply:
     body: Any
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    #: When set, the answer is held back until the event is set (a provider that is slow to reply).
+    hold: threading.Event | None = None
 
 
 @dataclass
@@ -110,6 +112,8 @@ class FakeProvider:
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
                 reply = fake._answer(Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                if reply.hold is not None:
+                    reply.hold.wait(30)
                 data = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
                 self.send_response(reply.status)
                 self.send_header("Content-Type", "application/json")

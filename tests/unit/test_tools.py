@@ -262,3 +262,16 @@ def test_a_gated_tool_outside_a_worker_raises_instead_of_running() -> None:
 def test_schema_must_be_a_pydantic_model() -> None:
     with pytest.raises(TypeError, match="schema= must be a pydantic BaseModel"):
         tool(lambda: None, schema=dict)  # type: ignore[arg-type]
+
+
+def test_errors_raised_by_interrupt_inside_a_tool_propagate() -> None:
+    """``interrupt()``'s own errors end the turn, as the spec says; they are not tool failures."""
+    from motus.serve.interrupt import interrupt
+
+    @tool
+    async def ask() -> str:
+        """Ask."""
+        return await interrupt({"type": "custom"})
+
+    with pytest.raises(RuntimeError, match="outside motus serve worker"):
+        run(ask.invoke({}))

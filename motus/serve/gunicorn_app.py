@@ -19,6 +19,7 @@ Guarantees:
 from __future__ import annotations
 
 import fcntl
+import math
 import logging
 import os
 import tempfile
@@ -114,7 +115,7 @@ def run_gunicorn(
     log_level: str = "info",
 ) -> None:
     """Serve ``factory()``'s app (called in the worker, after the fork) until stopped."""
-    graceful = shutdown_timeout + 15 if shutdown_timeout else 365 * 24 * 3600
+    graceful = math.ceil(shutdown_timeout) + 15 if shutdown_timeout else 365 * 24 * 3600
     options = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": 1,

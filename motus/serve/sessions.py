@@ -18,7 +18,9 @@ Guarantees:
   reported as stale, so a late worker message can never resurrect or corrupt a session.
 - An interrupt id is pending exactly once: ``take_interrupt`` removes it, so a second resume
   of the same id is a 404, whatever the session's status.
-- TTL sweeps remove only ``idle`` and ``error`` sessions.
+- TTL sweeps remove only ``idle`` and ``error`` sessions. "Touched" means written to (created,
+  a turn started, interrupted, resumed or ended): reading a session, or long-polling it, does
+  not keep an abandoned session alive.
 
 Thread ownership: request threads (create, get, wait, delete, start_turn, take_interrupt),
 the pool's reader thread (interrupt_turn, complete_turn, fail_turn) and the housekeeping
@@ -193,15 +195,11 @@ class SessionStore:
 
     def get(self, session_id: str) -> SessionView:
         with self._lock:
-            session = self._get(session_id)
-            session.touched = self._clock()
-            return session.view()
+            return self._get(session_id).view()
 
     def messages(self, session_id: str) -> list[dict[str, Any]]:
         with self._lock:
-            session = self._get(session_id)
-            session.touched = self._clock()
-            return list(session.state)
+            return list(self._get(session_id).state)
 
     def list(self) -> list[SessionView]:
         with self._lock:
@@ -225,7 +223,6 @@ class SessionStore:
             )
             if session.deleted:
                 raise SessionNotFound(session_id)
-            session.touched = self._clock()
             return session.view()
 
     # -- lifecycle ---------------------------------------------------------------------

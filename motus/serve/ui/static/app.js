@@ -201,9 +201,11 @@
   const savePending = (sid, text) => sessionStorage.setItem(PENDING_STORAGE + sid, text);
   const clearPending = (sid) => sessionStorage.removeItem(PENDING_STORAGE + sid);
 
+  /** The session the URL names: an id, null for none, undefined for a hash that is not ours. */
   function parseHash() {
+    if (!location.hash || location.hash === "#") return null;
     const match = /^#\/sessions\/([^/?#]+)$/.exec(location.hash);
-    if (!match) return null;
+    if (!match) return undefined;
     try {
       return decodeURIComponent(match[1]);
     } catch {
@@ -220,7 +222,7 @@
 
   function route() {
     const sid = parseHash();
-    if (sid === view.sid) return;
+    if (sid === undefined || sid === view.sid) return;
     if (sid) openSession(sid);
     else closeSession();
   }
@@ -957,6 +959,11 @@
   // ---------------------------------------------------------------- wiring
 
   function init() {
+    // The skip link must not touch the URL's hash: the hash names the open session.
+    document.querySelector(".skip-link").addEventListener("click", (event) => {
+      event.preventDefault();
+      $("composer-input").focus();
+    });
     $("composer").addEventListener("submit", sendMessage);
     $("composer-input").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

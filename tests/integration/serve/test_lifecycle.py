@@ -1,0 +1,199 @@
+"""Agent shapes, capacity, TTL, shutdown and the other ways to run the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, Server, free_port, launch, server_env, wait_healthy, wait_until
+from tests.integration.serve.test_hitl import WebhookSink, interrupted, resume, start_turn
+
+
+@pytest.mark.parametrize(
+    ("agent", "expected"),
+    [
+        ("tests.agents:sync_echo", "sync echo: hi"),
+        ("tests.agents:counting", "turn 1: hi"),
+    ],
+)
+def test_agent_shapes(start_server, agent: str, expected: str) -> None:
+    server = start_server(agent, "--workers", "1")
+    session_id = start_turn(server, "hi")
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == expected
+    server.send(session_id, "again")
+    second = server.wait_for_status(session_id, "idle")["response"]["content"]
+    assert second.endswith("again")
+    if agent.endswith("counting"):
+        assert second == "turn 2: again"  # the state came back from the first turn
+
+
+def test_interrupted_sessions_hold_no_compute_slot(start_server) -> None:
+    server = start_server("tests.agents:dispatch", "--workers", "1")
+    waiting = [start_turn(server, "approval f") for _ in range(6)]
+    pending = {sid: interrupted(server, sid)["interrupts"][0]["interrupt_id"] for sid in waiting}
+    # With one slot and six sessions waiting on a human, another session still runs turns.
+    other = start_turn(server, "echo through")
+    assert server.wait_for_status(other, "idle")["response"]["content"] == "echo: through"
+    assert server.get("/health").json()["running_workers"] == 0
+    for sid, interrupt_id in pending.items():
+        assert resume(server, sid, interrupt_id, {"approved": True}).status_code == 200
+    for sid in waiting:
+        assert server.wait_for_status(sid, "idle")["response"]["content"].startswith("approved=True")
+
+
+def test_ttl_sweeps_idle_and_error_but_not_interrupted(start_server) -> None:
+    server = start_server("tests.agents:dispatch", "--workers", "2", "--ttl", "0.5")
+    idle = server.create_session()
+    failed = start_turn(server, "crash x")
+    server.wait_for_status(failed, "error")
+    waiting = start_turn(server, "approval keep")
+    [item] = interrupted(server, waiting)["interrupts"]
+    wait_until(
+        lambda: server.get(f"/sessions/{idle}").status_code == 404 and server.get(f"/sessions/{failed}").status_code == 404,
+        timeout=15,
+        what="the TTL sweep",
+    )
+    listed = [s["session_id"] for s in server.get("/sessions").json()]
+    assert listed == [waiting]
+    assert resume(server, waiting, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert server.wait_for_status(waiting, "idle")["status"] == "idle"
+
+
+def test_sigterm_cancels_interrupted_turns_and_leaves_no_process(start_server) -> None:
+    server = start_server("tests.agents:dispatch", "--workers", "2")
+    sink = WebhookSink()
+    try:
+        session_id = server.create_session()
+        server.send(session_id, "approval doomed", webhook={"url": sink.url})
+        interrupted(server, session_id)
+        workers = server.descendants()
+        assert len(workers) >= 3  # the gunicorn worker, the forkserver, the turn's process
+        assert server.stop() == 0
+        [call] = sink.wait_for(1)
+        assert call["body"]["status"] == "error" and call["body"]["error"] == "Turn cancelled"
+    finally:
+        sink.close()
+
+
+def test_shutdown_timeout_bounds_the_wait_for_running_turns(start_server) -> None:
+    server = start_server("tests.agents:dispatch", "--shutdown-timeout", "0.5")
+    sink = WebhookSink()
+    try:
+        session_id = server.create_session()
+        server.send(session_id, "hang", webhook={"url": sink.url})
+        wait_until(lambda: server.get("/health").json()["running_workers"] == 1, what="the turn to run")
+        assert server.stop() == 0
+        [call] = sink.wait_for(1)
+        assert call["body"]["error"] == "Turn cancelled"
+    finally:
+        sink.close()
+
+
+def test_killed_server_leaves_no_orphans(start_server) -> None:
+    server = start_server("tests.agents:dispatch", "--workers", "2")
+    session_id = start_turn(server, "approval orphan")
+    interrupted(server, session_id)
+    descendants = server.descendants()
+    gunicorn_worker = psutil.Process(server.process.pid).children()[0]
+    gunicorn_worker.kill()  # the process holding sessions and pool dies without any cleanup
+    server.process.send_signal(signal.SIGTERM)
+    server.process.wait(30)
+
+    def all_gone() -> bool:
+        return not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    wait_until(all_gone, timeout=15, what="workers and forkserver to exit on their own")
+
+
+def test_flask_cli_plugin(tmp_path: Path) -> None:
+    port = free_port()
+    log_path = tmp_path / "flask.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flask", "motus", "serve", "tests.agents:echo", "--port", str(port), "--workers", "1"],
+            cwd=ROOT,
+            env=server_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)  # type: ignore[arg-type]
+    try:
+        wait_healthy(server.url, process, log_path)  # type: ignore[arg-type]
+        session_id = start_turn(server, "via flask")
+        assert server.wait_for_status(session_id, "idle")["response"]["content"] == "echo: via flask"
+    finally:
+        server.process.send_signal(signal.SIGINT)
+        try:
+            server.process.wait(30)
+        finally:
+            if server.process.poll() is None:
+                os.killpg(server.process.pid, signal.SIGKILL)
+                server.process.wait()
+    assert server.process.returncode in (0, -signal.SIGINT)
+
+
+def _gunicorn(workers: int, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-w", str(workers), "-k", "gthread", "--threads", "8",
+             "-b", f"127.0.0.1:{port}", "--no-control-socket", "wsgi:app"],
+            cwd=ROOT,
+            env=server_env({"MOTUS_AGENT": "tests.agents:echo", "MOTUS_WORKERS": "1"}),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def test_wsgi_under_gunicorn(tmp_path: Path) -> None:
+    port = free_port()
+    log_path = tmp_path / "gunicorn.log"
+    process = _gunicorn(1, port, log_path)
+    server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)  # type: ignore[arg-type]
+    try:
+        wait_healthy(server.url, process, log_path)  # type: ignore[arg-type]
+        session_id = start_turn(server, "via wsgi")
+        assert server.wait_for_status(session_id, "idle")["response"]["content"] == "echo: via wsgi"
+    finally:
+        assert server.stop() == 0
+
+
+def test_wsgi_refuses_a_second_gunicorn_worker(tmp_path: Path) -> None:
+    log_path = tmp_path / "gunicorn.log"
+    process = _gunicorn(2, free_port(), log_path)
+    try:
+        assert process.wait(60) != 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Refusing to start a second gunicorn worker" in log_path.read_text()
+    assert "-w 1" in log_path.read_text()
+
+
+def test_port_in_use_is_a_clear_error(start_server, tmp_path: Path) -> None:
+    server = start_server("tests.agents:echo", "--workers", "1")
+    port = server.url.rsplit(":", 1)[1]
+    log_path = tmp_path / "second.log"
+    process = launch(["serve", "start", "tests.agents:echo", "--port", port], log_path)
+    assert process.wait(30) == 1
+    assert f"Port {port} on 127.0.0.1 is already in use" in log_path.read_text()
+
+
+def test_custom_id_session_survives_unrelated_failures(start_server) -> None:
+    server = start_server("tests.agents:dispatch", "--allow-custom-ids", "--workers", "1")
+    custom = str(uuid.uuid4())
+    assert server.put(f"/sessions/{custom}", json={"state": [{"role": "user", "content": "old"}]}).status_code == 201
+    crashed = start_turn(server, "exit")
+    server.wait_for_status(crashed, "error")
+    server.send(custom, "echo after")
+    assert server.wait_for_status(custom, "idle")["response"]["content"] == "echo: after"
+    assert len(server.get(f"/sessions/{custom}/messages").json()) == 3

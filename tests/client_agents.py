@@ -10,6 +10,7 @@ resume value(s) it received (keys sorted), so a test can assert exactly what arr
 - ``two``: two ``tool_approval`` interrupts at once (``tool_a`` and ``tool_b``).
 - ``malformed``: a ``user_input`` without questions.
 - ``hang``: waits forever (until the session is deleted).
+- ``gate <path>``: runs until the file ``path`` exists (the test decides when it ends).
 - ``fail``: raises ``ValueError("boom")``.
 - anything else: echoes the content and ``user_params`` without interrupting.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 from motus.models import ChatMessage
@@ -83,6 +85,11 @@ async def hitl(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMess
     elif text == "hang":
         await asyncio.Event().wait()
         value = None
+    elif text.startswith("gate "):
+        path = text.removeprefix("gate ")
+        while not os.path.exists(path):  # the test creates the file when it wants the turn to end
+            await asyncio.sleep(0.01)
+        value = "opened"
     elif text == "fail":
         raise ValueError("boom")
     else:

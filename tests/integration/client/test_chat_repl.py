@@ -12,11 +12,20 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from click.testing import CliRunner, Result
 
-from tests.conftest import ROOT, Server, free_port, server_env
+from motus.cli import main
+
+from tests.conftest import ROOT, Server, free_port, server_env, server_factory
 from tests.integration.client.terminal import Terminal
 
 AGENT = "tests.client_agents:hitl"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with server_factory(tmp_path_factory.mktemp("chat")) as start:
+        yield start(AGENT, "--workers", "2")
 
 
 @pytest.fixture
@@ -37,18 +46,27 @@ def got(value: object) -> str:
     return "got " + json.dumps(value, sort_keys=True)
 
 
-def session_ids(server: Server) -> list[str]:
+def session_ids(server: Server) -> set[str]:
     response = server.get("/sessions")
     assert response.status_code == 200
-    return [row["session_id"] for row in response.json()]
+    return {row["session_id"] for row in response.json()}
 
 
-def test_approve_reject_with_reason_and_edit_arguments(start_server, terminal) -> None:
-    server = start_server(AGENT)
+def exists(server: Server, session_id: str) -> bool:
+    status = server.get(f"/sessions/{session_id}").status_code
+    assert status in (200, 404)
+    return status == 200
+
+
+def banner(chat: Terminal) -> str:
+    """Wait for the REPL's banner; return the id of the session it chats in."""
+    return chat.expect(r"\(session ([0-9a-f-]+)\)\. Type /quit or press Ctrl-D to leave\.").group(1)
+
+
+def test_approve_reject_with_reason_and_edit_arguments(server, terminal) -> None:
     chat = terminal(server.url)
-    chat.expect_literal("Type /quit or press Ctrl-D to leave.")
-    created = session_ids(server)
-    assert len(created) == 1
+    session_id = banner(chat)
+    assert exists(server, session_id)
 
     chat.expect_literal("> ")
     chat.send("approve")
@@ -82,11 +100,10 @@ def test_approve_reject_with_reason_and_edit_arguments(start_server, terminal) -
     assert chat.wait_exit() == 0
     assert b"| working" in chat.raw, "the spinner never showed on the terminal"
     assert "Traceback" not in chat.text()
-    assert session_ids(server) == [], "the chat did not delete the session it created"
+    assert not exists(server, session_id), "the chat did not delete the session it created"
 
 
-def test_pick_option_several_options_and_other_answers(start_server, terminal) -> None:
-    server = start_server(AGENT)
+def test_pick_option_several_options_and_other_answers(server, terminal) -> None:
     chat = terminal(server.url)
     chat.expect_literal("> ")
     chat.send("ask")
@@ -125,8 +142,7 @@ def test_pick_option_several_options_and_other_answers(start_server, terminal) -
     assert chat.wait_exit() == 0
 
 
-def test_unknown_type_answered_with_json_and_two_pending_interrupts(start_server, terminal) -> None:
-    server = start_server(AGENT)
+def test_unknown_type_answered_with_json_and_two_pending_interrupts(server, terminal) -> None:
     chat = terminal(server.url)
     chat.expect_literal("> ")
     chat.send("custom")
@@ -162,11 +178,10 @@ def test_unknown_type_answered_with_json_and_two_pending_interrupts(start_server
     assert chat.wait_exit() == 0
 
 
-def test_ctrl_c_during_a_turn_deletes_the_session_and_exits_cleanly(start_server, terminal) -> None:
-    server = start_server(AGENT)
+def test_ctrl_c_during_a_turn_deletes_the_session_and_exits_cleanly(server, terminal) -> None:
     chat = terminal(server.url)
+    session_id = banner(chat)
     chat.expect_literal("> ")
-    [session_id] = session_ids(server)
     chat.send("hang")
     chat.read_raw_until(b" working")  # the turn is running: the spinner shows
     chat.ctrl_c()
@@ -174,14 +189,14 @@ def test_ctrl_c_during_a_turn_deletes_the_session_and_exits_cleanly(start_server
     chat.expect_literal(f"Deleted session {session_id}.")
     assert chat.wait_exit() == 130
     assert "Traceback" not in chat.text()
-    assert server.get(f"/sessions/{session_id}").status_code == 404
+    assert not exists(server, session_id)
 
 
-def test_ctrl_c_at_a_prompt_with_keep_leaves_the_session(start_server, terminal) -> None:
-    server = start_server(AGENT)
+def test_ctrl_c_at_a_prompt_with_keep_leaves_the_session(server, terminal) -> None:
+    before = session_ids(server)
     chat = terminal(server.url, "approve", "--keep")
     chat.expect_literal("Approve? [y/N] ")
-    [session_id] = session_ids(server)
+    [session_id] = session_ids(server) - before
     chat.ctrl_c()
     chat.expect_literal("Interrupted.")
     chat.expect_literal(f"Session kept: {session_id}")
@@ -190,8 +205,7 @@ def test_ctrl_c_at_a_prompt_with_keep_leaves_the_session(start_server, terminal)
     assert server.get(f"/sessions/{session_id}").json()["status"] == "interrupted"
 
 
-def test_skipped_interrupt_is_answered_later_by_joining_with_session(start_server, terminal) -> None:
-    server = start_server(AGENT)
+def test_skipped_interrupt_is_answered_later_by_joining_with_session(server, terminal) -> None:
     first = terminal(server.url, "custom", "--keep")
     first.expect_literal("Answer with a JSON value (Enter to skip): ")
     first.send("")
@@ -211,44 +225,77 @@ def test_skipped_interrupt_is_answered_later_by_joining_with_session(start_serve
     joined.expect_literal("> ")
     joined.send("/quit")
     assert joined.wait_exit() == 0
-    assert session_ids(server) == [session_id], "a joined session must never be deleted"
+    assert exists(server, session_id), "a joined session must never be deleted"
 
 
-def test_one_shot_with_params_and_errors_without_a_terminal(start_server) -> None:
-    server = start_server(AGENT)
-
-    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "motus", "serve", "chat", *args],
-            input=stdin, capture_output=True, text=True, cwd=ROOT, env=server_env(), timeout=60,
-        )
-
-    result = run(server.url, "hello", "--param", "n=3", "--param", "ratio=0.5", "--param", "debug=true", "--param", "name=Bob")
+def test_one_shot_without_a_terminal(server) -> None:
+    """The installed command with pipes instead of a terminal: plain output, no spinner."""
+    before = session_ids(server)
+    result = subprocess.run(
+        [sys.executable, "-m", "motus", "serve", "chat", server.url, "hello",
+         "--param", "n=3", "--param", "ratio=0.5", "--param", "debug=true", "--param", "name=Bob"],
+        capture_output=True, text=True, cwd=ROOT, env=server_env(), timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == got({"content": "hello", "user_params": {"debug": True, "n": 3, "name": "Bob", "ratio": 0.5}}) + "\n"
-    assert "working" not in result.stderr, "no spinner when stderr is not a terminal"
+    assert result.stderr == "", "no spinner or notices when the turn simply completes"
+    assert session_ids(server) == before, "one-shot chats delete their sessions"
 
+
+def test_one_shot_answers_errors_and_exit_statuses(server) -> None:
+    """In-process (CliRunner, so no terminal): every way a one-shot chat ends."""
+
+    def run(*args: str, stdin: str = "") -> Result:
+        return CliRunner(env={"MOTUS_API_KEY": None}).invoke(main, ["serve", "chat", *args], input=stdin, catch_exceptions=False)
+
+    before = session_ids(server)
     result = run(server.url, "approve", stdin="y\n")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.endswith(got({"approved": True}) + "\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.endswith("Approve? [y/N] " + got({"approved": True}) + "\n")
 
     result = run(server.url, "fail")
-    assert result.returncode == 1
-    assert result.stderr.strip() == "Error: ValueError: boom"
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "", "Error: ValueError: boom\n")
 
     result = run(server.url, "approve", stdin="")
-    assert result.returncode == 1
-    assert "input ended while an answer was expected" in result.stderr
-    assert "Traceback" not in result.stderr
-    assert session_ids(server) == [], "one-shot chats delete their sessions"
+    assert result.exit_code == 1
+    assert result.stderr == "\nError: input ended while an answer was expected.\n"
+    assert session_ids(server) == before, "one-shot chats delete their sessions"
 
     result = run(server.url, "hi", "--session", "no-such-session")
-    assert result.returncode == 1
-    assert result.stderr.startswith("Error: 404 Not Found: ")
+    assert result.exit_code == 1 and result.stderr.startswith("Error: 404 Not Found: ")
 
     result = run(server.url, "hi", "--param", "oops")
-    assert result.returncode == 2 and "KEY=VALUE" in result.stderr
+    assert result.exit_code == 2 and "KEY=VALUE" in result.stderr
 
     url = f"http://127.0.0.1:{free_port()}"
     result = run(url, "hi")
-    assert (result.returncode, result.stderr) == (1, f"Error: Could not connect to {url}\n")
+    assert (result.exit_code, result.stderr) == (1, f"Error: Could not connect to {url}\n")
+
+
+def test_example_requests_client(server) -> None:
+    """``examples/chat_client.py`` runs the same loop with plain requests."""
+
+    def run(message: str, stdin: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "chat_client.py"), server.url, message],
+            input=stdin, capture_output=True, text=True, cwd=ROOT, env=server_env(), timeout=60,
+        )
+
+    before = session_ids(server)
+    result = run("approve", "y\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("Approve? [y/N] " + got({"approved": True}) + "\n")
+    result = run("ask", "3\n1 3\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(got({"answers": {
+        "How would you like to organize the files?": "By size",
+        "Which folders should be included?": "Downloads, Documents",
+    }}) + "\n")
+    result = run("two", "y\ny\n")
+    assert result.stdout.endswith(got([{"approved": True}, {"approved": True}]) + "\n")
+    result = run("custom", '{"hex": "#000"}\n')
+    assert "[warn] unknown interrupt type: color_picker" in result.stdout
+    assert result.stdout.endswith(got({"hex": "#000"}) + "\n")
+    result = run("fail", "")
+    assert result.returncode == 1 and result.stderr.rstrip().endswith("ValueError: boom")
+    assert session_ids(server) == before, "the example deletes its session"

@@ -39,13 +39,22 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from motus.models import ChatMessage
+from motus.serve.schemas import (
+    HealthResponse,
+    InterruptInfo,
+    MessageAccepted,
+    ResumeAccepted,
+    SessionResponse,
+    SessionSummary,
+    Webhook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,77 +80,12 @@ __all__ = [
     "Webhook",
 ]
 
-SessionStatus = Literal["idle", "running", "interrupted", "error"]
-
 #: Seconds one long poll asks the server to hold the request (``?wait=true&timeout=``).
 DEFAULT_POLL_SECONDS = 25.0
 
 
-# --------------------------------------------------------------------------- models
-# These mirror serving-api.md field for field. Unknown fields are ignored so that a newer
-# server can add fields without breaking an older client.
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class InterruptInfo(_Model):
-    """One pending interrupt: ``type`` is ``payload["type"]`` (or ``"unknown"``)."""
-
-    interrupt_id: str
-    type: str = "unknown"
-    payload: dict[str, Any] = {}
-
-
-class SessionResponse(_Model):
-    """``GET /sessions/{id}``. ``response``/``error`` are null while running."""
-
-    session_id: str
-    status: SessionStatus
-    response: ChatMessage | None = None
-    error: str | None = None
-    interrupts: list[InterruptInfo] | None = None
-
-
-class SessionSummary(_Model):
-    """One row of ``GET /sessions``."""
-
-    session_id: str
-    total_messages: int
-    status: SessionStatus
-
-
-class HealthResponse(_Model):
-    """``GET /health``."""
-
-    status: str
-    max_workers: int
-    running_workers: int
-    total_sessions: int
-
-
-class MessageAccepted(_Model):
-    """``POST /sessions/{id}/messages`` (202): the turn has started."""
-
-    session_id: str
-    status: SessionStatus
-
-
-class ResumeAccepted(_Model):
-    """``POST /sessions/{id}/resume`` (200): ``status`` after the resume was taken."""
-
-    session_id: str
-    status: SessionStatus
-
-
-class Webhook(_Model):
-    """Where the server POSTs the outcome when the turn ends in ``idle`` or ``error``."""
-
-    url: str
-    token: str | None = None
-    include_messages: bool = False
-
+# The response models are the server's own (``motus.serve.schemas``), so the client and
+# the server share one definition of the REST contract of serving-api.md.
 
 # --------------------------------------------------------------------------- errors
 
@@ -215,14 +159,7 @@ _ERRORS_BY_STATUS: dict[int, type[APIError]] = {
 
 
 class _Skip:
-    """Type of :data:`SKIP`."""
-
-    _instance: _Skip | None = None
-
-    def __new__(cls) -> _Skip:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """Type of :data:`SKIP` (compared by identity)."""
 
     def __repr__(self) -> str:
         return "SKIP"
@@ -350,6 +287,7 @@ class Client:
         if user_params is not None:
             body["user_params"] = user_params
         if webhook is not None:
+            # Raises pydantic.ValidationError (a ValueError) for a URL that is not http(s).
             body["webhook"] = Webhook.model_validate(webhook).model_dump(mode="json")
         data = self._request("POST", self._session_path(session_id) + "/messages", json=body)
         return _parse(MessageAccepted, data)

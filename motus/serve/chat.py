@@ -25,18 +25,24 @@ with ``--session`` is never deleted; errors are one line on stderr, never a trac
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 from http import HTTPStatus
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from motus.client import SKIP, Client, ClientError, InterruptInfo, SessionResponse
+from motus.client import SKIP, Client, ClientError, InterruptInfo, NotFound, SessionResponse
+
+log = logging.getLogger(__name__)
 
 #: Exit status after Ctrl-C, as shells report a process ended by SIGINT.
 EXIT_INTERRUPTED = 130
 
 OTHER_LABEL = "(Other: type your own answer)"
+
+#: Statuses in which a turn is still in progress (a new message would get 409).
+_BUSY = ("running", "interrupted")
 
 
 class Console:
@@ -339,23 +345,26 @@ class Chat:
             status = self._cleanup(status)
         return status
 
+    @property
+    def _sid(self) -> str:
+        assert self.session_id is not None, "the session is opened first"
+        return self.session_id
+
     def _run(self, message: str | None) -> int:
+        joined = None
         if self.session_id is None:
             self.session_id = self.client.create_session().session_id
             self.created = True
-            pending = None
         else:
-            pending = self.client.get_session(self.session_id)
-        if message is None:
-            self.console.note(
-                f"Chatting with {self.client.base_url} (session {self.session_id}). "
-                "Type /quit or press Ctrl-D to leave."
-            )
+            joined = self.client.get_session(self.session_id)  # 404 here if it does not exist
         if message is not None:
-            return 0 if self._turn(message) else 1
-        if pending is not None and pending.status in ("running", "interrupted"):
+            return 0 if self._turn(message, one_shot=True) else 1
+        self.console.note(
+            f"Chatting with {self.client.base_url} (session {self._sid}). Type /quit or press Ctrl-D to leave."
+        )
+        if joined is not None and joined.status in _BUSY:
             self.console.note("[info] finishing the turn in progress first")
-            self._show(self._finish())
+            self._show(self._finish(), one_shot=False)
         while True:
             try:
                 line = self.console.ask("> ").strip()
@@ -365,27 +374,27 @@ class Chat:
             if line in ("/quit", "/exit"):
                 return 0
             if line:
-                self._turn(line)
+                self._turn(line, one_shot=False)
 
-    def _turn(self, content: str) -> bool:
-        """Send one message (after any unfinished turn) and show the outcome; True if it ended idle."""
-        current = self.client.get_session(self.session_id or "")
-        if current.status in ("running", "interrupted"):
+    def _turn(self, content: str, one_shot: bool) -> bool:
+        """Finish any unfinished turn, send ``content``, show the outcome; True if it ended idle."""
+        if self.client.get_session(self._sid).status in _BUSY:
             self.console.note("[info] the previous turn is still waiting; finishing it first")
-            if self._show(self._finish()) is None:
+            if self._show(self._finish(), one_shot) is None:
                 self.console.note("[info] message not sent")
                 return False
         self._spinner.start()
         try:
-            self.client.send_message(self.session_id or "", content, user_params=self.user_params)
+            self.client.send_message(self._sid, content, user_params=self.user_params)
+            session = self.client.finish_turn(self._sid, self._answer)
         finally:
             self._spinner.stop()
-        return bool(self._show(self._finish()))
+        return bool(self._show(session, one_shot))
 
     def _finish(self) -> SessionResponse:
         self._spinner.start()
         try:
-            return self.client.finish_turn(self.session_id or "", self._answer)
+            return self.client.finish_turn(self._sid, self._answer)
         finally:
             self._spinner.stop()
 
@@ -396,7 +405,7 @@ class Chat:
         finally:
             self._spinner.start()
 
-    def _show(self, session: SessionResponse) -> bool | None:
+    def _show(self, session: SessionResponse, one_shot: bool) -> bool | None:
         """Print how a turn ended: True for idle, False for error, None if still paused."""
         if session.status == "idle":
             content = session.response.content if session.response else None
@@ -406,7 +415,13 @@ class Chat:
             self.console.note(f"Error: {error_summary(session.error)}")
             return False
         pending = len(session.interrupts or [])
-        self.console.note(f"[info] the turn is paused on {pending} unanswered interrupt(s)")
+        if not one_shot:
+            hint = "; your next message asks again"
+        elif self.created and not self.keep:
+            hint = "; the session is deleted on exit (use --keep, then --session ID, to answer later)"
+        else:
+            hint = "; answer it later with --session ID"
+        self.console.note(f"[info] the turn is paused on {pending} unanswered interrupt(s){hint}")
         return None
 
     def _cleanup(self, status: int) -> int:
@@ -414,6 +429,8 @@ class Chat:
             if self.created and self.session_id and not self.keep:
                 try:
                     self.client.delete_session(self.session_id)
+                except NotFound:
+                    log.info("session %s was already gone", self.session_id)
                 except ClientError as exc:
                     self.console.note(f"[warn] could not delete session {self.session_id}: {describe_error(exc)}")
                 else:

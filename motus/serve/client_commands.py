@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 
 from motus.client import (
     DEFAULT_POLL_SECONDS,
@@ -367,7 +368,12 @@ def send(
     """
     if (webhook_token or webhook_include_messages) and not webhook_url:
         raise click.UsageError("--webhook-token and --webhook-include-messages need --webhook-url")
-    webhook = Webhook(url=webhook_url, token=webhook_token, include_messages=webhook_include_messages) if webhook_url else None
+    webhook = None
+    if webhook_url:
+        try:
+            webhook = Webhook(url=webhook_url, token=webhook_token, include_messages=webhook_include_messages)
+        except ValidationError:
+            raise click.BadParameter("must be an http:// or https:// URL", param_hint="--webhook-url") from None
     user_params = parse_params(params)
     with Client(url, api_key=api_key) as client:
         accepted = client.send_message(session_id, message, role=role, user_params=user_params, webhook=webhook)

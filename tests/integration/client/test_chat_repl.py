@@ -173,6 +173,20 @@ def test_unknown_type_answered_with_json_and_two_pending_interrupts(server, term
     assert sorted(asked) == ["tool_a", "tool_b"], "each pending interrupt is asked exactly once"
     assert chat.text().count("Approve? [y/N]") == 2
 
+    # Skipping leaves the turn paused; the next message asks again before it is sent.
+    chat.expect_literal("> ")
+    chat.send("custom")
+    chat.expect_literal("Answer with a JSON value (Enter to skip): ")
+    chat.send("")
+    chat.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s); your next message asks again")
+    chat.expect_literal("> ")
+    chat.send("hello")
+    chat.expect_literal("[info] the previous turn is still waiting; finishing it first")
+    chat.expect_literal("Answer with a JSON value (Enter to skip): ")
+    chat.send("null")
+    chat.expect_literal(got(None))
+    chat.expect_literal(got({"content": "hello", "user_params": None}))
+
     chat.expect_literal("> ")
     chat.send("/quit")
     assert chat.wait_exit() == 0

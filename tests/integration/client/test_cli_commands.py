@@ -158,6 +158,7 @@ def test_webhook_options(server: Server) -> None:
 def test_usage_errors(server: Server) -> None:
     assert "KEY=VALUE" in failed("send", server.url, "some-id", "hi", "--param", "novalue", code=2)
     assert "need --webhook-url" in failed("send", server.url, "some-id", "hi", "--webhook-token", "t", code=2)
+    assert "must be an http:// or https:// URL" in failed("send", server.url, "some-id", "hi", "--webhook-url", "ftp://x", code=2)
     assert "Invalid value for '--role'" in failed("send", server.url, "some-id", "hi", "--role", "robot", code=2)
 
 

@@ -137,7 +137,39 @@ class _Wakeup:
         self.reader.close()
 
 
+WORKER_PROCESS_NAME = "motus-worker"
+
+
+def _skip_main_for_workers() -> None:
+    """Workers must not re-run the server's ``__main__``.
+
+    ``multiprocessing`` re-imports the parent's main script in every spawned or forkserver
+    child (as ``__mp_main__``) unless it is a ``-m pkg.__main__`` module. For a worker that is
+    pure cost at best (the ``motus`` console script, gunicorn's script) and a second server
+    at worst (a user's ``AgentServer(...).run()`` without a main guard). Workers need nothing
+    from ``__main__``: the agent is imported by its module path. So for processes named
+    ``WORKER_PROCESS_NAME`` the preparation data leaves the main module out. The wrapper is
+    installed once and changes nothing for any other process.
+    """
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_motus_wrapper", False):
+        return
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if name == WORKER_PROCESS_NAME:
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._motus_wrapper = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
 def _context(agent_module: str | None) -> multiprocessing.context.BaseContext:
+    _skip_main_for_workers()
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["motus.serve.worker"] + ([agent_module] if agent_module else []))
@@ -409,7 +441,7 @@ class WorkerPool:
         process = self._ctx.Process(
             target=worker_main,
             args=(child, self._agent_path, None if self._agent_path else self._agent_obj),
-            name="motus-worker",
+            name=WORKER_PROCESS_NAME,
         )
         try:
             process.start()

@@ -1,0 +1,27 @@
+"""Agents the benchmark serves. Timestamps use time.time(): client and server share a clock."""
+
+from __future__ import annotations
+
+import time
+
+from motus.models import ChatMessage
+from motus.serve.interrupt import interrupt
+
+
+async def echo(message: ChatMessage, state: list[ChatMessage]):
+    response = ChatMessage.assistant_message(content=message.content)
+    return response, state + [message, response]
+
+
+async def timed_interrupt(message: ChatMessage, state: list[ChatMessage]):
+    """Interrupts once; records when interrupt() was called and when the resume arrived."""
+    value = await interrupt({"type": "tool_approval", "tool_name": "bench", "tool_args": {}, "called_at": time.time()})
+    resumed_at = time.time()
+    response = ChatMessage.assistant_message(content=f"{resumed_at!r}", user_params={"value": value})
+    return response, state + [message, response]
+
+
+async def mixed(message: ChatMessage, state: list[ChatMessage]):
+    if message.content == "wait":
+        return await timed_interrupt(message, state)
+    return await echo(message, state)

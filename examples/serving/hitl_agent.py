@@ -128,12 +128,12 @@ def move_file(source: str, destination: str) -> str:
 
     Args:
         source: the file to move.
-        destination: where it goes; an existing folder keeps the file's name.
+        destination: where it goes; a folder (existing, or ending in "/") keeps the file's name.
     """
     origin, target = _inside(source), _inside(destination)
     if not origin.is_file():
         raise FileNotFoundError(f"no file {source!r}")
-    if target.is_dir():
+    if target.is_dir() or destination.endswith("/"):
         target = target / origin.name
     if target.exists():
         raise FileExistsError(f"{_relative(target)} already exists")
@@ -190,8 +190,9 @@ class ScriptedFileModel:
 
     def _plan(self, text: str) -> list[tuple[str, dict[str, Any]]]:
         lowered = text.lower()
-        deleting = any(word in lowered for word in ("delete", "remove"))
-        moving = "move" in lowered or "archive" in lowered
+        words = set(re.findall(r"[a-z]+", lowered))
+        deleting = bool(words & {"delete", "remove"})
+        moving = bool(words & {"move", "archive"})
         if "both" in lowered or (deleting and moving):
             return [("delete_file", {"path": _pick_file(text, "old_logs.txt")}), ("move_file", {"source": "notes.txt", "destination": "archive/notes.txt"})]
         if deleting:
@@ -202,11 +203,11 @@ class ScriptedFileModel:
                 return [("move_file", {"source": match["source"], "destination": match["destination"]})]
             source = _pick_file(text, "notes.txt")
             return [("move_file", {"source": source, "destination": f"archive/{Path(source).name}"})]
-        if any(word in lowered for word in ("organize", "organise", "clean up", "tidy", "sort")):
+        if words & {"organize", "organise", "tidy", "sort"} or "clean up" in lowered:
             return [("ask_user_question", {"questions": [ORGANIZE_QUESTION]})]
-        if any(word in lowered for word in ("read", "open", "show me")):
+        if words & {"read", "open"} or "show me" in lowered:
             return [("read_file", {"path": _pick_file(text, "notes.txt")})]
-        if any(word in lowered for word in ("list", "files", "ls")):
+        if words & {"list", "files", "ls"}:
             return [("list_files", {})]
         return []
 

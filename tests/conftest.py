@@ -169,8 +169,8 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeo
         if process.poll() is not None:
             raise AssertionError(f"server exited with {process.returncode}:\n{log_path.read_text(errors='replace')}")
         try:
-            return requests.get(url + "/health", timeout=1).status_code == 200
-        except requests.ConnectionError:
+            return requests.get(url + "/health", timeout=5).status_code == 200
+        except (requests.ConnectionError, requests.Timeout):
             return False
 
     wait_until(healthy, timeout=timeout, interval=0.02, what=f"{url}/health")

@@ -246,8 +246,8 @@ def get_messages(session_id: str) -> Response:
 def resume(session_id: str) -> Response:
     _server().store.get(session_id)  # 404 for an unknown session before judging the body
     body = _body(ResumeRequest)
-    view = _server().resume(session_id, body.interrupt_id, body.value)
-    return _json(ResumeAccepted(session_id=session_id, status=view.status.value))
+    status = _server().resume(session_id, body.interrupt_id, body.value)
+    return _json(ResumeAccepted(session_id=session_id, status=status.value))
 
 
 # -- errors ---------------------------------------------------------------------------------

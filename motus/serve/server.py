@@ -30,7 +30,6 @@ from motus.serve.sessions import (
     PendingInterrupt,
     SessionStatus,
     SessionStore,
-    SessionView,
 )
 from motus.serve.webhooks import WebhookSender
 
@@ -176,14 +175,16 @@ class AgentServer:
                 self.store.fail_turn(session_id, turn_id, CANCELLED)
                 raise
 
-    def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionView:
+    def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionStatus:
+        """Deliver one resume; returns the status it left the session in (``running`` once
+        every pending interrupt is resolved, else ``interrupted``), whatever happened since."""
         pool = self.pool
         with self._turn_lock:
             turn_id, all_resolved = self.store.take_interrupt(session_id, interrupt_id)
             delivered = pool.resume(session_id, turn_id, interrupt_id, value, unpark=all_resolved)
         if not delivered:
             raise InterruptNotPending(f"{NOT_WAITING}: the worker of interrupt {interrupt_id} has ended")
-        return self.store.get(session_id)
+        return SessionStatus.RUNNING if all_resolved else SessionStatus.INTERRUPTED
 
     def delete(self, session_id: str) -> None:
         with self._turn_lock:

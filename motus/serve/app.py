@@ -112,6 +112,8 @@ def _body(model: type[M], allow_empty: bool = False) -> M:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"Malformed JSON body: {exc}") from None
+        except RecursionError:
+            raise BadRequest("Malformed JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}")
     try:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
@@ -396,7 +397,7 @@ class WorkerPool:
                     continue
                 try:
                     turn.conn.send(message)
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, RecursionError, pickle.PicklingError) as exc:
                     log.warning("could not send %s to the worker of session %s: %s", type(message).__name__, turn.session_id, exc)
             started = started or isinstance(message, Job)
         if started:

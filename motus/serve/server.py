@@ -113,6 +113,7 @@ class AgentServer:
                 timeout=self.timeout,
                 warm=self.warm_workers,
             )
+            _raise_open_file_limit()
             pool.start()
             self._pool = pool
             self._started_pid = os.getpid()
@@ -220,3 +221,20 @@ class AgentServer:
         from motus.serve.gunicorn_app import run_gunicorn
 
         run_gunicorn(lambda: self, host=host, port=port, threads=threads, shutdown_timeout=self.shutdown_timeout)
+
+
+def _raise_open_file_limit() -> None:
+    """Each live turn holds two descriptors (its pipe and its process sentinel) in this
+    process, so hundreds of sessions waiting on a human need more than the usual soft limit
+    of 1024. Raise the soft limit to the hard limit; failing that, keep what we have."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: nothing to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open file limit from %s: %s", soft, exc)

@@ -495,10 +495,12 @@
     }
   }
 
-  function removeCard(id) {
+  /** Remove a card; if it held focus (``hadFocus`` overrides: a busy card's disabled
+   *  controls lose focus), move focus to the next card or to the message box. */
+  function removeCard(id, hadFocus = undefined) {
     const card = view.cards.get(id);
     if (!card) return;
-    const hadFocus = card.contains(document.activeElement);
+    if (hadFocus === undefined) hadFocus = card.contains(document.activeElement);
     card.remove();
     view.cards.delete(id);
     if (hadFocus) {
@@ -537,6 +539,7 @@
   async function resume(card, interrupt, value) {
     const sid = view.sid;
     const id = interrupt.interrupt_id;
+    const hadFocus = card.contains(document.activeElement);
     card.cardError.textContent = "";
     setBusy(card, true);
     view.epoch += 1;
@@ -545,6 +548,7 @@
       response = await api("POST", sessionPath(sid, "/resume"), { body: { interrupt_id: id, value } });
     } catch (error) {
       setBusy(card, false);
+      if (hadFocus) card.querySelector(".card-title").focus();
       card.cardError.textContent = `Could not reach the server (${error.message || error}). Try again.`;
       return;
     }
@@ -553,7 +557,7 @@
     if (response.ok) {
       const body = await readJson(response);
       view.answered.add(id);
-      removeCard(id);
+      removeCard(id, hadFocus || document.activeElement === document.body);
       announce("Answer sent.");
       if (view.session && body && typeof body.status === "string") {
         view.session = { ...view.session, status: body.status };
@@ -567,12 +571,13 @@
     const detail = await detailOf(response);
     if (response.status === 404 || response.status === 409) {
       showNotice(`That answer was not accepted: the server said "${detail}" (${response.status}). It may have been answered in another tab, or the session ended. The view has been refreshed.`);
-      removeCard(id);
+      removeCard(id, hadFocus || document.activeElement === document.body);
       $("interrupts").hidden = view.cards.size === 0;
       wakeLoop();
       return;
     }
     setBusy(card, false);
+    if (hadFocus) card.querySelector(".card-title").focus();
     card.cardError.textContent = `The server refused this answer (${response.status}): ${detail}`;
   }
 

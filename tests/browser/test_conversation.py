@@ -1,0 +1,86 @@
+"""The conversation itself: custom interrupts, running and failed turns, text never HTML."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.ui_agents import SCRIPT_REPLY
+
+pytestmark = pytest.mark.browser
+
+
+def test_custom_interrupt_answered_with_json(open_chat, ui_server):
+    chat = open_chat(ui_server).open()
+    chat.send("color")
+    card = chat.card("The agent is waiting: color_picker")
+    expect(card).to_be_visible()
+    expect(card.locator("pre.payload")).to_contain_text('"prompt": "Pick a brand color for the export"')
+    expect(card.locator("pre.payload")).to_contain_text('"#4ECDC4"')
+    answer = card.get_by_label("Your answer (JSON)")
+
+    card.get_by_role("button", name="Send answer").click()
+    expect(card.get_by_role("alert")).to_have_text("Enter a JSON value.")
+    answer.fill("{hex: #4ECDC4}")
+    card.get_by_role("button", name="Send answer").click()
+    expect(card.get_by_role("alert")).to_contain_text("not valid JSON")
+    assert chat.resume_posts() == []
+    chat.shot("custom-invalid")
+
+    answer.fill('{"hex": "#4ECDC4"}')
+    chat.shot("custom-card")
+    card.get_by_role("button", name="Send answer").click()
+    expect(chat.reply("Using #4ECDC4 for the export.")).to_be_visible()
+    assert [post["value"] for post in chat.resume_posts()] == [{"hex": "#4ECDC4"}]
+    chat.shot("custom-answered")
+
+
+def test_agent_text_is_shown_as_text_never_as_html(open_chat, ui_server):
+    chat = open_chat(ui_server).open()
+    chat.send("script <i>mine</i>")
+    reply = chat.reply("<script>")
+    expect(reply).to_have_text(SCRIPT_REPLY)
+    expect(chat.page.locator(".msg.user .text")).to_have_text("script <i>mine</i>")
+    messages = chat.page.locator("#messages")
+    expect(messages.locator("script, img, b, i")).to_have_count(0)
+    assert chat.page.evaluate("() => window.pwned") is None
+    chat.shot("script-as-text")
+
+
+def test_running_state_and_one_long_poll(open_chat, ui_server, tmp_path):
+    gate = tmp_path / "gate"
+    chat = open_chat(ui_server).open()
+    with chat.page.expect_request(lambda request: "wait=true" in request.url):
+        chat.send(f"gate {gate}")
+    expect(chat.status()).to_have_text("The agent is working…")
+    expect(chat.page.locator("#running")).to_be_visible()
+    expect(chat.page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
+    expect(chat.page.locator(".msg.user.pending .text")).to_have_text(f"gate {gate}")
+    chat.shot("running")
+    # While the turn runs, the page waits on its one long poll instead of asking again.
+    long_polls = [r.url for r in chat.requests if "wait=true" in r.url]
+    assert len(long_polls) == 1, long_polls
+    assert chat.most_concurrent_session_reads == 1
+
+    gate.touch()
+    expect(chat.reply("gate opened")).to_be_visible()
+    expect(chat.page.locator("#running")).to_be_hidden()
+    expect(chat.status()).to_have_text("Ready")
+    expect(chat.page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+
+
+def test_a_failed_turn_shows_its_error(open_chat, ui_server):
+    chat = open_chat(ui_server).open()
+    chat.send("fail on purpose")
+    error = chat.page.get_by_role("region", name="The turn failed")
+    expect(error).to_be_visible()
+    expect(error.locator("pre")).to_contain_text("Traceback (most recent call last)")
+    expect(error.locator("pre")).to_contain_text("ValueError: the turn failed on purpose: on purpose")
+    expect(chat.status()).to_have_text("The turn failed")
+    expect(chat.page.locator(".msg.user.pending.failed .text")).to_have_text("fail on purpose")
+    chat.shot("failed-turn")
+
+    # A session in error accepts a new message.
+    chat.send("hello again")
+    expect(chat.reply("echo: hello again")).to_be_visible()
+    expect(error).to_be_hidden()

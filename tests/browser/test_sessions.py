@@ -1,0 +1,153 @@
+"""Sessions in the page: create, list, switch, reload, delete; phone width; API keys."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+
+import pytest
+import requests
+from playwright.sync_api import expect
+
+from tests.browser.conftest import PHONE
+from tests.conftest import ROOT, Server, free_port, server_env, wait_healthy
+
+pytestmark = pytest.mark.browser
+
+
+def test_create_list_switch_reload_and_delete_sessions(open_chat, ui_server):
+    chat = open_chat(ui_server).open()
+    page = chat.page
+    expect(page.get_by_text("Type a message below to start a new chat")).to_be_visible()
+    expect(page.get_by_role("button", name="Delete session")).to_be_hidden()
+    chat.shot("empty")
+
+    # Sending without a session creates one, and the URL names it.
+    chat.send("first")
+    expect(chat.reply("echo: first")).to_be_visible()
+    first = chat.session_id
+
+    page.get_by_role("button", name="New chat").click()
+    expect(page).not_to_have_url(chat.page.url.split("#")[0] + f"#/sessions/{first}")
+    expect(page.locator("#messages li")).to_have_count(0)
+    expect(page.get_by_label("Message to the agent")).to_be_focused()
+    chat.send("second")
+    expect(chat.reply("echo: second")).to_be_visible()
+    second = chat.session_id
+    assert second != first
+
+    sessions = page.get_by_role("navigation", name="Sessions").get_by_role("link")
+    expect(sessions).to_have_count(2)
+    expect(page.locator('.session-list a[aria-current="page"]')).to_have_attribute("data-sid", second)
+    chat.shot("two-sessions")
+
+    page.get_by_role("link", name=first[:8]).click()
+    expect(page).to_have_url(f"{ui_server.url}/ui/#/sessions/{first}")
+    expect(chat.reply("echo: first")).to_be_visible()
+    expect(chat.reply("echo: second")).to_have_count(0)
+
+    page.go_back()
+    expect(chat.reply("echo: second")).to_be_visible()
+    page.reload()
+    expect(chat.reply("echo: second")).to_be_visible()
+    assert chat.session_id == second
+
+    page.get_by_role("button", name="Delete session").click()
+    expect(sessions).to_have_count(1)
+    expect(page).to_have_url(f"{ui_server.url}/ui/")
+    expect(page.get_by_text("Type a message below to start a new chat")).to_be_visible()
+    assert ui_server.get(f"/sessions/{second}").status_code == 404
+    assert [s["session_id"] for s in ui_server.get("/sessions").json()] == [first]
+    chat.shot("deleted")
+
+
+def test_a_session_deleted_elsewhere_is_reported(open_chat, ui_server):
+    chat = open_chat(ui_server).open()
+    chat.send("hello")
+    expect(chat.reply("echo: hello")).to_be_visible()
+    assert ui_server.delete(f"/sessions/{chat.session_id}").status_code == 204
+    # The page finds out on its next refresh, says so, and leaves the session.
+    chat.come_back()
+    expect(chat.page.get_by_role("alert").filter(has_text="no longer exists")).to_be_visible()
+    expect(chat.page).to_have_url(f"{ui_server.url}/ui/")
+    chat.shot("deleted-elsewhere")
+
+
+def test_phone_width(open_chat, example_server):
+    chat = open_chat(example_server, *PHONE).open()
+    page = chat.page
+    chat.send("delete and move both")
+    expect(chat.cards()).to_have_count(2)
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page is {overflow}px wider than a phone"
+    expect(chat.cards().first.get_by_role("button", name="Approve", exact=True)).to_be_in_viewport()
+    assert chat.unlabelled_controls() == []
+    chat.shot("phone-two-cards")
+
+    # The session list folds away behind a button on a narrow screen.
+    toggle = page.get_by_role("button", name="Sessions")
+    nav = page.get_by_role("navigation", name="Sessions")
+    expect(nav).to_be_hidden()
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    expect(nav.get_by_role("link")).to_have_count(1)
+    chat.shot("phone-sessions")
+
+
+@pytest.fixture
+def keyed_server(tmp_path):
+    """``tests.browser.keyed_server``: the real app, API behind a key, UI files public."""
+    key = secrets.token_urlsafe(16)
+    port = free_port()
+    log_path = tmp_path / "keyed-server.log"
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.browser.keyed_server", str(port), key],
+            cwd=ROOT,
+            env=server_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path, extra={"key": key})
+    try:
+        wait_healthy(server.url, process, log_path)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_api_key_is_asked_once_and_kept_for_the_tab(keyed_server, open_chat):  # server first: it stops last
+    key = keyed_server.extra["key"]
+    assert requests.get(keyed_server.url + "/sessions", timeout=5).status_code == 401
+    chat = open_chat(keyed_server)
+    page = chat.page
+    page.goto(keyed_server.url + "/ui/")  # the page itself needs no key
+    form = page.get_by_role("dialog", name="API key needed")
+    expect(form).to_be_visible()
+    field = form.get_by_label("API key")
+    expect(field).to_be_focused()
+    chat.shot("key-form")
+
+    field.fill("wrong-key")
+    field.press("Enter")
+    expect(form.get_by_role("alert")).to_have_text("The server refused that key. Check it and enter it again.")
+    field.fill(key)
+    form.get_by_role("button", name="Use this key").click()
+    expect(form).to_be_hidden()
+
+    chat.send("with a key")
+    expect(chat.reply("echo: with a key")).to_be_visible()
+    api_calls = [r for r in chat.requests if "/sessions" in r.url]
+    assert api_calls[-1].all_headers()["authorization"] == f"Bearer {key}"
+    assert page.evaluate("() => sessionStorage.getItem('motus.apiKey')") == key
+
+    # A reload in the same tab keeps the key: no second question.
+    page.reload()
+    expect(chat.reply("echo: with a key")).to_be_visible()
+    expect(form).to_be_hidden()
+    chat.shot("with-key")
+    # The UI's own files were fetched without a key.
+    assert all("authorization" not in r.all_headers() for r in chat.requests if "/ui/" in r.url)

@@ -140,3 +140,10 @@ async def dispatch(message: ChatMessage, state: list[ChatMessage]):
         "custom": custom,
     }.get(name, echo)
     return await target(message.model_copy(update={"content": rest or message.content}), state)
+
+
+async def three_at_once(message: ChatMessage, state: list[ChatMessage]):
+    """Raises three interrupts at once (a server with --max-interrupts 2 refuses the third)."""
+    values = await asyncio.gather(*(interrupt({"type": "step", "n": n}) for n in range(3)))
+    response = ChatMessage.assistant_message(content=repr(values))
+    return response, state + [message, response]

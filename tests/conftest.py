@@ -56,22 +56,27 @@ class Server:
     url: str
     process: subprocess.Popen[str]
     log_path: Path
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)  # whatever a test wants to keep with it
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+
+    def with_headers(self, headers: dict[str, str]) -> Server:
+        """The same server, spoken to with ``headers`` (an API key, say)."""
+        return Server(url=self.url, process=self.process, log_path=self.log_path, extra=self.extra, headers=headers)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+        return requests.get(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
     def post(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.post(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+        return requests.post(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
     def put(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.put(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+        return requests.put(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
     def delete(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.delete(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)  # type: ignore[arg-type]
+        return requests.delete(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
     def create_session(self) -> str:
         response = self.post("/sessions", json={})

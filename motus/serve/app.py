@@ -42,9 +42,8 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
-#: Long polls wait 30 s unless the client asks otherwise, and never longer than this.
+#: Long polls wait 30 s unless the client asks otherwise (never longer than ``--max-wait``).
 DEFAULT_WAIT_SECONDS = 30.0
-MAX_WAIT_SECONDS = 300.0
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
@@ -62,10 +61,22 @@ class CustomIdsDisabled(ServeError):
     status_code = 405
 
 
+class Unauthorized(ServeError):
+    status_code = 401
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="motus"'})
+
+
+#: Endpoints anyone may call, even when API keys are configured.
+PUBLIC_ENDPOINTS = {"motus_api.health"}
+
+
 def create_app(server: Any) -> Flask:
     """Build the WSGI app for ``server`` (an ``AgentServer``)."""
     app = Flask("motus.serve")
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.config["MAX_CONTENT_LENGTH"] = server.max_request_bytes
     app.extensions["motus"] = server
     app.register_blueprint(api)
     app.register_error_handler(ServeError, _serve_error)
@@ -86,8 +97,12 @@ def _server() -> Any:
 
 
 @api.before_request
-def _ensure_started() -> None:
-    _server().start()
+def _authenticate_and_start() -> None:
+    server = _server()
+    if request.endpoint not in PUBLIC_ENDPOINTS and not server.api_keys.allows(request.headers.get("Authorization")):
+        given = "a wrong API key" if request.headers.get("Authorization") else "no API key"
+        raise Unauthorized(f"Unauthorized: this server requires an API key and the request carried {given}; send 'Authorization: Bearer <key>'")
+    server.start()
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -158,7 +173,7 @@ def _flag(name: str) -> bool:
     raise BadRequest(f"Query parameter {name!r} must be true or false, got {value!r}")
 
 
-def _seconds(name: str, default: float) -> float:
+def _seconds(name: str, default: float, cap: float) -> float:
     raw = request.args.get(name)
     if raw is None:
         return default
@@ -168,7 +183,7 @@ def _seconds(name: str, default: float) -> float:
         raise BadRequest(f"Query parameter {name!r} must be a number of seconds, got {raw!r}") from None
     if math.isnan(value) or value < 0:
         raise BadRequest(f"Query parameter {name!r} must be a number of seconds >= 0, got {raw!r}")
-    return min(value, MAX_WAIT_SECONDS)
+    return min(value, cap)
 
 
 # -- routes ---------------------------------------------------------------------------------
@@ -177,6 +192,13 @@ def _seconds(name: str, default: float) -> float:
 @api.get("/health")
 def health() -> Response:
     return _json(HealthResponse(**_server().health()))
+
+
+@api.get("/openapi.json")
+def openapi() -> Response:
+    from motus.serve.openapi import openapi_document
+
+    return jsonify(openapi_document(auth=bool(_server().api_keys)))
 
 
 @api.post("/sessions")
@@ -216,7 +238,8 @@ def list_sessions() -> Response:
 def get_session(session_id: str) -> Response:
     store = _server().store
     if _flag("wait"):
-        view = store.wait(session_id, _seconds("timeout", DEFAULT_WAIT_SECONDS))
+        cap = _server().max_wait
+        view = store.wait(session_id, _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap))
     else:
         view = store.get(session_id)
     return _json(_session_response(view))
@@ -258,12 +281,16 @@ def resume(session_id: str) -> Response:
 def _serve_error(exc: ServeError) -> Response:
     response = jsonify({"detail": exc.detail})
     response.status_code = exc.status_code
+    response.headers.update(exc.headers)
     return response
 
 
 def _http_error(exc: HTTPException) -> Response:
     if exc.code == 404:
         detail = f"Not found: no route for {request.method} {request.path}"
+    elif exc.code == 413:
+        limit = current_app.config.get("MAX_CONTENT_LENGTH")
+        detail = f"Request body too large: the limit is {limit} bytes (--max-request-bytes)"
     elif exc.code == 405:
         allowed = ", ".join(sorted(exc.valid_methods or ()))  # type: ignore[attr-defined]
         detail = f"Method {request.method} is not allowed on {request.path}; allowed: {allowed}"

@@ -39,6 +39,10 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--log-level", default="info", type=click.Choice(LOG_LEVELS, case_sensitive=False), show_default=True),
         click.option("--no-ui", "no_ui", is_flag=True, help="Do not serve the web chat at /ui/."),
         click.option("--threads", default=128, show_default=True, type=click.IntRange(1), help="HTTP request threads (each long poll holds one)."),
+        click.option("--api-key", "api_keys", multiple=True, metavar="KEY", help="Require 'Authorization: Bearer KEY' (repeat to accept several keys; default: $MOTUS_API_KEY, comma-separated)."),
+        click.option("--max-request-bytes", default=10 * 1024 * 1024, show_default=True, type=click.IntRange(1024), help="Refuse larger request bodies with 413."),
+        click.option("--max-wait", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Longest a long poll may wait (s)."),
+        click.option("--max-interrupts", default=64, show_default=True, type=click.IntRange(0), help="Interrupts one turn may have pending at once; 0 = no limit."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -74,6 +78,15 @@ def check_port_free(host: str, port: int) -> None:
             raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
+def warn_if_exposed(host: str, api_keys: tuple[str, ...]) -> None:
+    """Binding beyond loopback with no key lets anyone approve tool calls: say so."""
+    from motus.serve.auth import ApiKeys, exposure_warning
+
+    warning = exposure_warning(host, ApiKeys.from_sources(api_keys))
+    if warning:
+        click.secho(warning, fg="yellow", err=True)
+
+
 def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
     def build() -> Any:
         from motus.serve.server import AgentServer
@@ -88,6 +101,10 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             shutdown_timeout=opts["shutdown_timeout"],
             allow_custom_ids=opts["allow_custom_ids"],
             ui=not opts["no_ui"],
+            api_keys=list(opts["api_keys"]),
+            max_request_bytes=opts["max_request_bytes"],
+            max_wait=opts["max_wait"],
+            max_interrupts=opts["max_interrupts"],
         )
 
     return build
@@ -107,6 +124,7 @@ def start(**opts: Any) -> None:
     configure_logging(opts["log_level"])
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
+    warn_if_exposed(opts["host"], opts["api_keys"])
     sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
     run_gunicorn(
         server_factory(opts),
@@ -116,6 +134,17 @@ def start(**opts: Any) -> None:
         shutdown_timeout=opts["shutdown_timeout"],
         log_level=opts["log_level"],
     )
+
+
+@serve.command("openapi")
+@click.option("--auth", is_flag=True, help="Include the bearer security scheme (as a keyed server serves it).")
+def openapi(auth: bool) -> None:
+    """Print the OpenAPI document of the REST API."""
+    import json
+
+    from motus.serve.openapi import openapi_document
+
+    click.echo(json.dumps(openapi_document(auth=auth), indent=2))
 
 
 client_commands.register(serve)

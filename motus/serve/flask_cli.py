@@ -11,7 +11,14 @@ from typing import Any
 import click
 from flask.cli import AppGroup
 
-from motus.serve.cli import check_agent_path, check_port_free, configure_logging, server_factory, server_options
+from motus.serve.cli import (
+    check_agent_path,
+    check_port_free,
+    configure_logging,
+    server_factory,
+    server_options,
+    warn_if_exposed,
+)
 
 motus_group = AppGroup("motus", help="motus agent serving.")
 
@@ -25,6 +32,7 @@ def serve_command(**opts: Any) -> None:
     configure_logging(opts["log_level"])
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
+    warn_if_exposed(opts["host"], opts["api_keys"])
     server = server_factory(opts)()
     server.start()
     try:

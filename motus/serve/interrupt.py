@@ -52,6 +52,7 @@ class Job:
     turn_id: int
     message: dict[str, Any]
     state: list[dict[str, Any]]
+    max_interrupts: int = 0  # pending at once; 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ class Failure:
 class _Channel:
     """The worker's end of the pipe while a turn runs."""
 
-    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop, max_interrupts: int = 0) -> None:
         self._conn = conn
+        self._max_interrupts = max_interrupts
         self._loop = loop
         self._send_lock = threading.Lock()
         self._pending: dict[str, asyncio.Future[Any]] = {}
@@ -112,6 +114,12 @@ class _Channel:
             raise TypeError(f"interrupt() payload must be JSON-serializable: {exc}") from None
         if self._closed:
             raise EOFError("Worker pipe closed")
+        if self._max_interrupts and len(self._pending) >= self._max_interrupts:
+            raise RuntimeError(
+                f"Too many pending interrupts: this turn already waits on {len(self._pending)} "
+                f"(the server allows {self._max_interrupts}, see --max-interrupts); "
+                "wait for some to be resumed before raising more"
+            )
         message = Interrupt(interrupt_id=str(uuid.uuid4()), payload=payload)
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) > MAX_INTERRUPT_BYTES:
@@ -183,6 +191,7 @@ async def interrupt(payload: dict[str, Any]) -> Any:
         RuntimeError: outside a ``motus serve`` worker subprocess.
         ValueError: the pickled interrupt exceeds 16 KiB ("Interrupt message too large").
         TypeError: ``payload`` is not a JSON-serializable dict.
+        RuntimeError: the turn already waits on as many interrupts as the server allows.
         EOFError: ``"Worker pipe closed"`` when the turn is cancelled (session deleted,
             timed out, or the server shutting down) while waiting.
     """

@@ -189,10 +189,12 @@ class WorkerPool:
         max_workers: int = 0,
         timeout: float = 0,
         warm: int | None = None,
+        max_interrupts: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_workers = max_workers or (os.cpu_count() or 1)
         self.timeout = timeout
+        self.max_interrupts = max_interrupts
         self.warm_target = warm if warm is not None else max(2, min(self.max_workers, 8))
         self._listener = listener
         self._agent_path = agent_path
@@ -224,7 +226,7 @@ class WorkerPool:
             return self.max_workers - self._free_slots
 
     def submit(self, session_id: str, turn_id: int, message: dict[str, Any], state: list[dict[str, Any]]) -> Turn:
-        job = Job(session_id=session_id, turn_id=turn_id, message=message, state=state)
+        job = Job(session_id=session_id, turn_id=turn_id, message=message, state=state, max_interrupts=self.max_interrupts)
         deadline = self._clock() + self.timeout if self.timeout else None
         turn = Turn(session_id=session_id, turn_id=turn_id, job=job, deadline=deadline)
         with self._lock:

@@ -22,6 +22,7 @@ from typing import Any
 from flask import Flask
 
 from motus.serve.agents import check_agent, load_agent
+from motus.serve.auth import ApiKeys
 from motus.serve.interrupt import Interrupt, Result
 from motus.serve.pool import CANCELLED, PoolClosed, Turn, WorkerPool
 from motus.serve.sessions import (
@@ -34,6 +35,13 @@ from motus.serve.sessions import (
 from motus.serve.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
+
+#: Request bodies above this are refused with 413 (resume values fit with room to spare).
+DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+#: A long poll never waits longer than this, whatever ``timeout`` it asks for.
+DEFAULT_MAX_WAIT_SECONDS = 300.0
+#: One turn may wait on at most this many interrupts at once.
+DEFAULT_MAX_INTERRUPTS = 64
 
 
 class AgentServer:
@@ -54,6 +62,10 @@ class AgentServer:
         allow_custom_ids: bool = False,
         ui: bool = True,
         warm_workers: int | None = None,
+        api_keys: ApiKeys | list[str] | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_wait: float = DEFAULT_MAX_WAIT_SECONDS,
+        max_interrupts: int = DEFAULT_MAX_INTERRUPTS,
     ) -> None:
         if isinstance(agent, str):
             load_agent(agent)  # a bad path is a clear error now, not at the first turn
@@ -70,6 +82,10 @@ class AgentServer:
         self.allow_custom_ids = allow_custom_ids
         self.ui = ui
         self.warm_workers = warm_workers
+        self.api_keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys.from_sources(api_keys or ())
+        self.max_request_bytes = max_request_bytes
+        self.max_wait = max_wait
+        self.max_interrupts = max_interrupts
         self.store = SessionStore(max_sessions=max_sessions, ttl=ttl)
         self.webhooks = WebhookSender()
         self._turn_lock = threading.Lock()
@@ -112,6 +128,7 @@ class AgentServer:
                 max_workers=self.max_workers,
                 timeout=self.timeout,
                 warm=self.warm_workers,
+                max_interrupts=self.max_interrupts,
             )
             _raise_open_file_limit()
             pool.start()

@@ -61,9 +61,10 @@ class ServeError(Exception):
 
     status_code = 400
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.headers = headers or {}
 
 
 class SessionNotFound(ServeError):

@@ -104,7 +104,7 @@ def _run_on(loop: asyncio.AbstractEventLoop, main: Any) -> Any:
 
 
 async def _run_job(conn: Connection, agent: Any, job: Job) -> Result | Failure:
-    channel = interrupt_module._Channel(conn, asyncio.get_running_loop())
+    channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts)
     interrupt_module._install(channel)
     channel.start()
     try:

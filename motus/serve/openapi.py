@@ -1,0 +1,149 @@
+"""The OpenAPI 3.1 document of the REST API, generated from the models the views use.
+
+Every body and response schema comes from ``schemas.py`` (pydantic's JSON Schema, in
+validation mode, so optional fields may be absent as they are on the wire), so the document
+cannot drift from what the views accept and answer. Every error status a route can return
+is listed with the ``ErrorResponse`` schema. ``motus serve openapi`` prints it; a running
+server serves it at ``GET /openapi.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from motus import __version__
+from motus.models import ChatMessage
+from motus.serve.schemas import (
+    CreateSessionRequest,
+    ErrorResponse,
+    HealthResponse,
+    MessageAccepted,
+    ResumeAccepted,
+    ResumeRequest,
+    SendMessageRequest,
+    SessionResponse,
+    SessionSummary,
+)
+
+_MODELS: list[type[BaseModel]] = [
+    ChatMessage,
+    CreateSessionRequest,
+    ErrorResponse,
+    HealthResponse,
+    MessageAccepted,
+    ResumeAccepted,
+    ResumeRequest,
+    SendMessageRequest,
+    SessionResponse,
+    SessionSummary,
+]
+
+_REASONS = {
+    400: "Malformed request: bad JSON, not an object, or a bad query parameter",
+    401: "Missing or wrong API key",
+    404: "Unknown session, or an interrupt id that is not pending right now",
+    405: "Custom session ids are disabled (start with --allow-custom-ids)",
+    409: "The session is running or interrupted, or the id exists",
+    413: "Request body larger than --max-request-bytes",
+    422: "The body does not match the schema; the detail names the field",
+    503: "Session limit reached, or the server is shutting down",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json_content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _operation(
+    summary: str,
+    ok: tuple[int, str, dict[str, Any] | None],
+    errors: list[int],
+    body: tuple[str, bool] | None = None,
+    params: list[dict[str, Any]] | None = None,
+    headers: dict[str, Any] | None = None,
+    auth: bool = True,
+) -> dict[str, Any]:
+    status, description, schema = ok
+    success: dict[str, Any] = {"description": description}
+    if schema is not None:
+        success["content"] = _json_content(schema)
+    if headers:
+        success["headers"] = headers
+    responses: dict[str, Any] = {str(status): success}
+    codes = sorted(set(errors) | ({401} if auth else set()))
+    for code in codes:
+        responses[str(code)] = {"description": _REASONS[code], "content": _json_content(_ref("ErrorResponse"))}
+    if auth:
+        responses["401"]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+    operation: dict[str, Any] = {"summary": summary, "responses": responses}
+    if params:
+        operation["parameters"] = params
+    if body is not None:
+        name, required = body
+        operation["requestBody"] = {"required": required, "content": _json_content(_ref(name))}
+    if not auth:
+        operation["security"] = []
+    return operation
+
+
+_SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_LOCATION = {"Location": {"description": "Where to poll the session", "schema": {"type": "string"}}}
+
+
+def openapi_document(auth: bool = False) -> dict[str, Any]:
+    """The document; ``auth`` adds the bearer security scheme a keyed server enforces."""
+    _, definitions = models_json_schema(
+        [(model, "validation") for model in _MODELS], ref_template="#/components/schemas/{model}"
+    )
+    schemas = definitions.get("$defs", {})
+    session = _ref("SessionResponse")
+    wait_params = [
+        _SESSION_ID,
+        {"name": "wait", "in": "query", "required": False, "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]}, "description": "Long poll: return when the status is not running"},
+        {"name": "timeout", "in": "query", "required": False, "schema": {"type": "number", "minimum": 0}, "description": "Seconds a long poll waits at most (capped by --max-wait)"},
+    ]
+    paths = {
+        "/health": {
+            "get": _operation("Server health", (200, "Health", _ref("HealthResponse")), [], auth=False),
+        },
+        "/openapi.json": {
+            "get": _operation("This document", (200, "The OpenAPI document", {"type": "object"}), [], auth=auth),
+        },
+        "/sessions": {
+            "post": _operation("Create a session", (201, "Created", session), [400, 413, 422, 503], body=("CreateSessionRequest", False), headers=_LOCATION, auth=auth),
+            "get": _operation("List sessions", (200, "Sessions", {"type": "array", "items": _ref("SessionSummary")}), [], auth=auth),
+        },
+        "/sessions/{session_id}": {
+            "put": _operation("Create a session with a client-chosen UUID", (201, "Created", session), [400, 405, 409, 413, 422, 503], body=("CreateSessionRequest", False), params=[_SESSION_ID], headers=_LOCATION, auth=auth),
+            "get": _operation("Get a session, or long poll it", (200, "The session", session), [400, 404], params=wait_params, auth=auth),
+            "delete": _operation("Delete a session (kills its turn)", (204, "Deleted", None), [404], params=[_SESSION_ID], auth=auth),
+        },
+        "/sessions/{session_id}/messages": {
+            "post": _operation("Send a message: starts a turn", (202, "Accepted", _ref("MessageAccepted")), [400, 404, 409, 413, 422, 503], body=("SendMessageRequest", True), params=[_SESSION_ID], headers=_LOCATION, auth=auth),
+            "get": _operation("The session's stored messages, oldest first", (200, "Messages", {"type": "array", "items": _ref("ChatMessage")}), [404], params=[_SESSION_ID], auth=auth),
+        },
+        "/sessions/{session_id}/resume": {
+            "post": _operation("Answer one pending interrupt", (200, "Delivered", _ref("ResumeAccepted")), [400, 404, 413, 422], body=("ResumeRequest", True), params=[_SESSION_ID], auth=auth),
+        },
+    }
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "motus serve",
+            "version": __version__,
+            "description": "Serve an agent over HTTP; sessions, turns, and human-in-the-loop interrupts.",
+        },
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if auth:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearer": []}]
+    return document

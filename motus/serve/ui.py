@@ -14,10 +14,10 @@ Guarantees:
   styles, images and requests only from this origin, no inline script, no framing, no
   plugins. Text from the agent or an interrupt payload is inserted as text by the page,
   and the policy is the second line of defence if that ever slips.
-- The UI's files are public: they hold no data. When the server requires an API key, the
-  page asks for it on the first 401 from the session API and sends it as
-  ``Authorization: Bearer <key>``. An auth layer should exempt requests whose
-  ``request.blueprint`` is :data:`BLUEPRINT_NAME`.
+- The UI's files are public: they hold no data, and the API key check guards the API
+  blueprint only. When the server requires a key, the page asks for it on the first 401
+  from the session API, keeps it for the browser tab (``sessionStorage``) and sends it as
+  ``Authorization: Bearer <key>``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from flask import Blueprint, Flask, Response, redirect, request, send_from_directory, url_for
 
-#: Name of the blueprint; an auth check can exempt ``request.blueprint == BLUEPRINT_NAME``.
+#: Name of the blueprint (``request.blueprint`` of the UI's requests).
 BLUEPRINT_NAME = "motus_ui"
 
 #: Where the page and its assets live inside the package.

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.browser
 QUESTION = "How would you like to organize the files?"
 
 
-def test_answer_a_question_by_button(open_chat, example_server):
+def test_answer_a_question_by_button_then_with_other(open_chat, example_server):
     chat = open_chat(example_server).open()
     chat.send("help me organize my downloads")
     card = chat.card("The agent has a question")
@@ -22,6 +22,7 @@ def test_answer_a_question_by_button(open_chat, example_server):
     expect(group.get_by_role("button")).to_have_text(["By date", "By type", "By size"])
     by_type = group.get_by_role("button", name="By type")
     expect(by_type).to_have_accessible_description("Group files by extension downloads/ jpg/holiday_photo.jpg pdf/invoice_2024.pdf dmg/installer.dmg")
+    assert chat.unlabelled_controls() == []
 
     # The option's markdown preview shows in a monospace box on hover only.
     preview = card.locator(".preview")
@@ -34,26 +35,23 @@ def test_answer_a_question_by_button(open_chat, example_server):
 
     by_type.click()
     expect(by_type).to_have_attribute("aria-pressed", "true")
+    expect(by_type).to_have_accessible_name("By type")
     chat.shot("question-chosen")
     card.get_by_role("button", name="Send answer").click()
     expect(chat.reply(f"you answered {QUESTION} -> By type.")).to_be_visible()
-    assert [post["value"] for post in chat.resume_posts()] == [{"answers": {QUESTION: "By type"}}]
-    chat.shot("question-answered")
 
-
-def test_answer_a_question_with_other(open_chat, example_server):
-    chat = open_chat(example_server).open()
+    # "Other": typing your own answer replaces the chosen option.
     chat.send("help me organize my downloads")
-    card = chat.card("The agent has a question")
     card.get_by_role("button", name="By date").click()
     other = card.get_by_label("Other (type your own answer)")
     other.fill("By project")
-    # Typing your own answer replaces the chosen option.
     expect(card.get_by_role("button", name="By date")).to_have_attribute("aria-pressed", "false")
     chat.shot("other-typed")
     other.press("Enter")
     expect(chat.reply(f"you answered {QUESTION} -> By project.")).to_be_visible()
-    assert [post["value"] for post in chat.resume_posts()] == [{"answers": {QUESTION: "By project"}}]
+
+    assert [post["value"] for post in chat.resume_posts()] == [{"answers": {QUESTION: "By type"}}, {"answers": {QUESTION: "By project"}}]
+    chat.shot("question-answered")
 
 
 def test_multiselect_and_every_question_needs_an_answer(open_chat, ui_server):

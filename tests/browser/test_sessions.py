@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import secrets
-import subprocess
-import sys
 
 import pytest
 import requests
 from playwright.sync_api import expect
 
-from tests.browser.conftest import PHONE
-from tests.conftest import ROOT, Server, free_port, server_env, wait_healthy
+from tests.browser.conftest import PHONE, UI_AGENT
 
 pytestmark = pytest.mark.browser
 
@@ -96,30 +93,14 @@ def test_phone_width(open_chat, example_server):
 
 
 @pytest.fixture
-def keyed_server(tmp_path):
-    """``tests.browser.keyed_server``: the real app, API behind a key, UI files public."""
+def keyed_server(start_server):
     key = secrets.token_urlsafe(16)
-    port = free_port()
-    log_path = tmp_path / "keyed-server.log"
-    with open(log_path, "w") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.browser.keyed_server", str(port), key],
-            cwd=ROOT,
-            env=server_env(),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-    server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path, extra={"key": key})
-    try:
-        wait_healthy(server.url, process, log_path)
-        yield server
-    finally:
-        server.stop()
+    server = start_server(UI_AGENT, "--api-key", key)
+    server.extra["key"] = key
+    return server
 
 
-def test_api_key_is_asked_once_and_kept_for_the_tab(keyed_server, open_chat):  # server first: it stops last
+def test_api_key_is_asked_once_and_kept_for_the_tab(open_chat, keyed_server):
     key = keyed_server.extra["key"]
     assert requests.get(keyed_server.url + "/sessions", timeout=5).status_code == 401
     chat = open_chat(keyed_server)
@@ -149,5 +130,6 @@ def test_api_key_is_asked_once_and_kept_for_the_tab(keyed_server, open_chat):  #
     expect(chat.reply("echo: with a key")).to_be_visible()
     expect(form).to_be_hidden()
     chat.shot("with-key")
-    # The UI's own files were fetched without a key.
+    # The page and its files were fetched without a key, and are public.
     assert all("authorization" not in r.all_headers() for r in chat.requests if "/ui/" in r.url)
+    assert requests.get(keyed_server.url + "/ui/app.js", timeout=5).status_code == 200

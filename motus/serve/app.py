@@ -164,8 +164,15 @@ def _session_response(view: SessionView) -> SessionResponse:
     )
 
 
+def _query(name: str) -> str | None:
+    values = request.args.getlist(name)
+    if len(values) > 1:
+        raise BadRequest(f"Query parameter {name!r} given {len(values)} times; give it once")
+    return values[0] if values else None
+
+
 def _flag(name: str) -> bool:
-    value = request.args.get(name, "false").strip().lower()
+    value = (_query(name) or "false").strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -174,7 +181,7 @@ def _flag(name: str) -> bool:
 
 
 def _seconds(name: str, default: float, cap: float) -> float:
-    raw = request.args.get(name)
+    raw = _query(name)
     if raw is None:
         return default
     try:
@@ -237,9 +244,10 @@ def list_sessions() -> Response:
 @api.get("/sessions/<session_id>")
 def get_session(session_id: str) -> Response:
     store = _server().store
+    cap = _server().max_wait
+    timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)  # checked even when unused
     if _flag("wait"):
-        cap = _server().max_wait
-        view = store.wait(session_id, _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap))
+        view = store.wait(session_id, timeout)
     else:
         view = store.get(session_id)
     return _json(_session_response(view))

@@ -1,6 +1,6 @@
 """Fixtures for the web chat's browser tests: Debian's Chromium driven by Playwright.
 
-- ``browser`` (session scope): one headless Chromium for the whole run, launched from
+- ``browser`` (package scope): one headless Chromium for the browser tests, launched from
   ``/usr/bin/chromium`` (``$MOTUS_CHROMIUM`` overrides it); Playwright never downloads a
   browser. Without it the browser tests are skipped, or fail when ``MOTUS_REQUIRE_BROWSER``
   is set (as ``.ci/run`` does). Its processes and Playwright's driver exist before every test starts, so the
@@ -55,8 +55,8 @@ PHONE = (390, 844)
 expect.set_options(timeout=WAIT_MS)
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
+@pytest.fixture(scope="package")  # not "session": Playwright's sync loop must be gone before
+def browser() -> Iterator[Browser]:  # later tests, or their asyncio.run() sees a running loop
     if not os.path.exists(CHROMIUM):
         message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium) or set MOTUS_CHROMIUM"
         if os.environ.get("MOTUS_REQUIRE_BROWSER"):  # set by .ci/run: there, a missing browser is a failure

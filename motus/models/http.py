@@ -4,7 +4,7 @@
 guarantees:
 
 * Every request has a connect timeout and a read timeout.
-* 429, 5xx and connection failures (refused, reset, connect timeout) are retried up to
+* 429, 5xx, 408 and connection failures (refused, reset, connect timeout) are retried up to
   ``max_retries`` times, waiting ``backoff * 2**attempt`` seconds (capped at
   ``max_backoff``), or the server's ``Retry-After`` when it sends one (capped at
   ``max_retry_after``). A read timeout is not retried: the provider may still be
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["JsonTransport"]
 
-_RETRY_STATUSES = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
+_RETRY_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 
 
 class JsonTransport:

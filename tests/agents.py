@@ -147,3 +147,24 @@ async def three_at_once(message: ChatMessage, state: list[ChatMessage]):
     values = await asyncio.gather(*(interrupt({"type": "step", "n": n}) for n in range(3)))
     response = ChatMessage.assistant_message(content=repr(values))
     return response, state + [message, response]
+
+
+async def int_keys(message: ChatMessage, state: list[ChatMessage]):
+    """A payload JSON can encode but not as-is (int keys, a tuple): the client sees it normalised."""
+    value = await interrupt({"type": "odd", 1: "one", "pair": (1, 2)})
+    response = ChatMessage.assistant_message(content=repr(value))
+    return response, state + [message, response]
+
+
+async def gil_hog(message: ChatMessage, state: list[ChatMessage]):
+    """Waits on two interrupts while a C-level regex holds the GIL: the worker stops reading."""
+    import re
+
+    def hog() -> None:
+        re.match(r"(a+)+$", "a" * 64 + "b")  # catastrophic backtracking, never releases the GIL
+
+    gate = asyncio.gather(interrupt({"type": "a"}), interrupt({"type": "b"}))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(hog)
+    await gate

@@ -23,7 +23,9 @@ from typing import Any, TypeVar
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from motus.serve.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
 
 from motus.serve.schemas import (
     CreateSessionRequest,
@@ -117,7 +119,7 @@ def _json(model: BaseModel, status: int = 200, headers: dict[str, str] | None = 
 
 
 def _body(model: type[M], allow_empty: bool = False) -> M:
-    raw = request.get_data(cache=True)
+    raw = _read_body()
     if not raw.strip():
         if not allow_empty:
             raise BadRequest("Request body is required: send a JSON object")
@@ -131,10 +133,32 @@ def _body(model: type[M], allow_empty: bool = False) -> M:
             raise BadRequest("Malformed JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}")
+    if json_depth_exceeds(data):
+        raise BadRequest(f"Request body nested too deeply: the limit is {MAX_JSON_DEPTH} levels")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise Unprocessable(f"Invalid request body: {describe_validation_error(exc)}") from None
+
+
+def _read_body() -> bytes:
+    """The whole body, or 413 past the limit, also for chunked bodies with no length."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is not None:
+        return request.get_data(cache=True)  # werkzeug answers 413 above the limit
+    if not request.environ.get("wsgi.input_terminated"):
+        return b""  # neither a length nor chunked: HTTP says there is no body
+    stream = request.environ["wsgi.input"]
+    chunks, size = [], 0
+    while True:
+        chunk = stream.read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise RequestEntityTooLarge()
+    return b"".join(chunks)
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -217,11 +241,16 @@ def create_session() -> Response:
 @api.put("/sessions/<session_id>")
 def put_session(session_id: str) -> Response:
     if not _server().allow_custom_ids:
-        raise CustomIdsDisabled("Custom session ids are disabled; start the server with --allow-custom-ids")
+        raise CustomIdsDisabled(
+            "Custom session ids are disabled; start the server with --allow-custom-ids",
+            headers={"Allow": "GET, DELETE"},
+        )
     try:
-        uuid.UUID(session_id)
+        canonical = str(uuid.UUID(session_id))
     except ValueError:
-        raise BadRequest(f"Session id must be a UUID, got {session_id!r}") from None
+        canonical = None
+    if canonical != session_id:
+        raise BadRequest(f"Session id must be a UUID in canonical form (like {uuid.uuid4()}), got {session_id!r}")
     body = _body(CreateSessionRequest, allow_empty=True)
     return _create(session_id, body)
 
@@ -246,8 +275,13 @@ def get_session(session_id: str) -> Response:
     store = _server().store
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)  # checked even when unused
-    if _flag("wait"):
-        view = store.wait(session_id, timeout)
+    waiters = _server().waiters
+    if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
+        try:
+            view = store.wait(session_id, timeout)
+        finally:
+            if waiters is not None:
+                waiters.release()
     else:
         view = store.get(session_id)
     return _json(_session_response(view))

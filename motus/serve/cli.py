@@ -21,6 +21,9 @@ import click
 from motus.serve import client_commands
 from motus.serve.agents import AgentLoadError, load_agent
 
+#: Request threads long polls may never take, so resumes and health checks always get one.
+RESERVED_THREADS = 8
+
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 
 
@@ -105,6 +108,7 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             max_request_bytes=opts["max_request_bytes"],
             max_wait=opts["max_wait"],
             max_interrupts=opts["max_interrupts"],
+            max_waiters=max(1, opts["threads"] - RESERVED_THREADS),
         )
 
     return build

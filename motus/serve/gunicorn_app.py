@@ -33,6 +33,7 @@ from gunicorn.workers.gthread import ThreadWorker
 log = logging.getLogger(__name__)
 
 _held_lock: Any = None
+_held_pid: int | None = None
 
 SINGLE_WORKER_MESSAGE = (
     "motus keeps sessions (and the workers waiting on a human) in memory in one process, so a "
@@ -49,9 +50,11 @@ def claim_single_worker() -> None:
     holds it for its life; another worker of that arbiter fails to take it and raises. When
     the first worker dies, its lock goes with it, so gunicorn's restart of it still works.
     """
-    global _held_lock
-    if _held_lock is not None:
+    global _held_lock, _held_pid
+    if _held_lock is not None and _held_pid == os.getpid():
         return
+    # A lock inherited across a fork (gunicorn --preload claims in the arbiter) proves
+    # nothing about this process: claim again, with a descriptor of our own.
     path = os.path.join(tempfile.gettempdir(), f"motus-gunicorn-{os.getppid()}.lock")
     handle = open(path, "a+")  # noqa: SIM115 - held for the life of the process
     try:
@@ -59,7 +62,7 @@ def claim_single_worker() -> None:
     except BlockingIOError:
         handle.close()
         raise RuntimeError(f"Refusing to start a second gunicorn worker. {SINGLE_WORKER_MESSAGE}") from None
-    _held_lock = handle
+    _held_lock, _held_pid = handle, os.getpid()
 
 
 def _server_of(worker: Any) -> Any:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from motus.serve.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
+
 log = logging.getLogger(__name__)
 
 #: Hard limit on one pickled outbound ``Interrupt`` message, as the spec states.
@@ -106,12 +108,7 @@ class _Channel:
             self._conn.send(message)
 
     async def interrupt(self, payload: dict[str, Any]) -> Any:
-        if not isinstance(payload, dict):
-            raise TypeError(f"interrupt() takes a dict payload, got {type(payload).__name__}")
-        try:
-            json.dumps(payload)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"interrupt() payload must be JSON-serializable: {exc}") from None
+        payload = _as_json_object(payload)
         if self._closed:
             raise EOFError("Worker pipe closed")
         if self._max_interrupts and len(self._pending) >= self._max_interrupts:
@@ -173,6 +170,23 @@ class _Channel:
         for future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(EOFError("Worker pipe closed"))
+
+
+def _as_json_object(payload: Any) -> dict[str, Any]:
+    """The payload exactly as a client will see it: a JSON object with string keys.
+
+    Normalising here (tuples become lists, keys become strings) means a payload the API
+    could not show never leaves the worker, so every pending interrupt can be read and
+    resumed.
+    """
+    if not isinstance(payload, dict):
+        raise TypeError(f"interrupt() takes a dict payload, got {type(payload).__name__}")
+    if json_depth_exceeds(payload):
+        raise ValueError(f"Interrupt payload nested too deeply: the limit is {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"interrupt() payload must be JSON-serializable: {exc}") from None
 
 
 _channel: _Channel | None = None

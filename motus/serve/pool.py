@@ -12,14 +12,18 @@ Data flow::
       keeps `warm` processes ready,         │      unexpectedly"
       each for exactly one turn             │ deadlines: timeout, kill after
                                             │      grace, reap
-                                            ▼
-                                       listener (AgentServer) updates the sessions
+    sender thread                           ▼
+      performs the sends the manager   listener (AgentServer) updates the sessions
+      decides on (a slot freed: start
+      the next queued turn)
 
 Guarantees and rules:
 
 - Exactly one thread (the manager) calls ``recv()`` on worker connections and closes them,
   so a descriptor is never closed while it is being waited on. Other threads send, each send
-  serialised by the turn's ``send_lock``; a closed connection is never written to.
+  serialised by the turn's ``send_lock``; a closed connection is never written to. No send
+  happens under a lock, and the manager never sends itself (the sender thread does), so a
+  worker that stops reading blocks only the thread writing to it, never the server.
 - Compute slots: ``max_workers`` bounds the turns that are running code. A turn waiting on a
   human is *parked* and holds no slot; when its last interrupt is resolved it queues for a
   slot again (its final resume is delivered when it gets one). There is no thread per worker,
@@ -41,7 +45,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
+import queue
 import signal
 import threading
 import time
@@ -66,6 +70,9 @@ REAP_GRACE_SECONDS = 5.0
 TIMED_OUT = "Agent timed out"
 CANCELLED = "Turn cancelled"
 EXITED = "Worker process exited unexpectedly"
+
+
+Sends = list[tuple["Turn", "Job | Resume"]]
 
 
 class TurnListener(Protocol):
@@ -206,13 +213,16 @@ class WorkerPool:
         self._turns: dict[tuple[str, int], Turn] = {}  # live turns (outcome not decided)
         self._procs: dict[int, Turn | _Warm] = {}  # every process not yet reaped, by sentinel
         self._ready: deque[tuple[Turn, Job | Resume]] = deque()
+        self._to_close: set[Turn] = set()  # turns whose pipe the manager must close
         self._warm: deque[_Warm] = deque()
         self._spawning = 0
         self._free_slots = self.max_workers
         self._closing = False
         self._stopped = False
         self._wakeup = _Wakeup()
+        self._outbox: queue.SimpleQueue[Sends | None] = queue.SimpleQueue()
         self._manager = threading.Thread(target=self._manage, name="motus-pool-manager", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="motus-pool-sender", daemon=True)
         self._spawner = threading.Thread(target=self._spawn_loop, name="motus-pool-spawner", daemon=True)
 
     # -- public API (request threads) ------------------------------------------------------
@@ -220,12 +230,14 @@ class WorkerPool:
     def start(self) -> None:
         self._manager.start()
         self._spawner.start()
+        self._sender.start()
 
     def running_count(self) -> int:
         with self._lock:
             return self.max_workers - self._free_slots
 
-    def submit(self, session_id: str, turn_id: int, message: dict[str, Any], state: list[dict[str, Any]]) -> Turn:
+    def submit(self, session_id: str, turn_id: int, message: dict[str, Any], state: list[dict[str, Any]]) -> Sends:
+        """Queue a turn. Returns what to send; pass it to ``deliver`` once no lock is held."""
         job = Job(session_id=session_id, turn_id=turn_id, message=message, state=state, max_interrupts=self.max_interrupts)
         deadline = self._clock() + self.timeout if self.timeout else None
         turn = Turn(session_id=session_id, turn_id=turn_id, job=job, deadline=deadline)
@@ -235,55 +247,52 @@ class WorkerPool:
             self._turns[turn.key] = turn
             self._ready.append((turn, job))
             sends = self._pump()
-        self._deliver(sends)
         self._wakeup.wake()  # a new deadline, maybe a new connection to watch
-        return turn
+        return sends
 
-    def park(self, session_id: str, turn_id: int) -> None:
-        """The turn waits on a human: give its compute slot to the next turn."""
+    def park(self, session_id: str, turn_id: int) -> Sends:
+        """The turn waits on a human: give its compute slot to the next turn.
+        Returns what to send (to ``deliver`` once no lock is held)."""
         with self._lock:
             turn = self._turns.get((session_id, turn_id))
             if turn is None or turn.parked:
-                return
+                return []
             turn.parked = True
             if turn.holds_slot:
                 turn.holds_slot = False
                 self._free_slots += 1
             self._changed.notify_all()
-            sends = self._pump()
-        self._deliver(sends)
+            return self._pump()
 
-    def resume(self, session_id: str, turn_id: int, interrupt_id: str, value: Any, unpark: bool) -> bool:
-        """Deliver a resume value. ``unpark``: it was the last pending one, so the turn needs a
+    def resume(self, session_id: str, turn_id: int, interrupt_id: str, value: Any, unpark: bool) -> Sends | None:
+        """Route a resume value. ``unpark``: it was the last pending one, so the turn needs a
         compute slot again; the value then waits in the queue until one is free.
 
-        Returns False when the turn's worker is gone (it ended, failed or was cancelled).
+        Returns what to send (pass it to ``deliver`` once no lock is held), or None when the
+        turn's worker is gone (it ended, failed or was cancelled).
         """
         message = Resume(interrupt_id=interrupt_id, value=value)
         with self._lock:
             turn = self._turns.get((session_id, turn_id))
             if turn is None or turn.finished or turn.process is None:
-                return False
+                return None
             if unpark and turn.parked:
                 turn.parked = False
                 self._ready.append((turn, message))
-                sends = self._pump()
-            else:
-                sends = [(turn, message)]
-        self._deliver(sends)
-        return True
+                return self._pump()
+            return [(turn, message)]
 
-    def cancel(self, session_id: str, turn_id: int) -> bool:
-        """End a turn now (its session was deleted). No listener event follows."""
+    def cancel(self, session_id: str, turn_id: int) -> Sends:
+        """End a turn now (its session was deleted); no listener event follows. Returns what
+        to send to the turns that got its slot (to ``deliver`` once no lock is held)."""
         with self._lock:
             turn = self._turns.get((session_id, turn_id))
             if turn is None:
-                return False
+                return []
             self._finish_locked(turn, cancel=True)
             sends = self._pump()
-        self._deliver(sends)
         self._wakeup.wake()
-        return True
+        return sends
 
     def shutdown(self, timeout: float = 0) -> None:
         """Stop: let running turns finish for ``timeout`` seconds (0 = as long as they take),
@@ -325,6 +334,20 @@ class WorkerPool:
             self._spawner.join()
         if self._manager.is_alive():
             self._manager.join()
+        if self._sender.is_alive():
+            self._outbox.put(None)
+            self._sender.join()
+
+    def _send_loop(self) -> None:
+        """Sender thread: performs the sends the manager thread decided on."""
+        while True:
+            sends = self._outbox.get()
+            if sends is None:
+                return
+            try:
+                self.deliver(sends)
+            except Exception:
+                log.exception("sending to workers failed")
 
     # -- internals (under _lock unless said otherwise) -----------------------------------
 
@@ -354,7 +377,7 @@ class WorkerPool:
         turn.parked = False
         if turn.process is None:
             return  # still queued: nothing started
-        turn.close_requested = True
+        self._request_close_locked(turn)
         turn.kill_at = self._clock() + (CANCEL_GRACE_SECONDS if cancel else REAP_GRACE_SECONDS)
         self._changed.notify_all()
 
@@ -390,20 +413,46 @@ class WorkerPool:
             self._wakeup.wake()
         return None
 
-    def _deliver(self, sends: list[tuple[Turn, Job | Resume]]) -> None:
-        """Send outside the pool lock; a dead or closed pipe is left to the manager."""
+    def deliver(self, sends: Sends) -> None:
+        """Send to workers. Call with no lock held: a send blocks while a worker is not
+        reading, and must never stall other sessions. On the manager thread the sends are
+        handed to the sender thread instead, so the manager never blocks. A dead pipe is left
+        to the manager (the sentinel reports how the worker ended); a message that cannot be
+        pickled fails its turn rather than leaving it waiting for a value that never comes."""
+        if not sends:
+            return
+        if threading.current_thread() is self._manager:
+            self._outbox.put(sends)
+            return
         started = False
         for turn, message in sends:
+            undeliverable = None
             with turn.send_lock:
                 if turn.conn is None or turn.conn_closed:
                     continue
                 try:
                     turn.conn.send(message)
-                except (OSError, ValueError, RecursionError, pickle.PicklingError) as exc:
-                    log.warning("could not send %s to the worker of session %s: %s", type(message).__name__, turn.session_id, exc)
+                except OSError as exc:
+                    log.info("worker of session %s is gone (%s); its sentinel will say how", turn.session_id, exc)
+                except Exception as exc:  # pickling: recursion, an unpicklable value
+                    undeliverable = f"Could not deliver {type(message).__name__} to the agent: {type(exc).__name__}: {exc}"
+            if undeliverable is not None:
+                log.warning("session %s: %s", turn.session_id, undeliverable)
+                self._fail(turn, undeliverable)
             started = started or isinstance(message, Job)
         if started:
             self._wakeup.wake()
+
+    def _fail(self, turn: Turn, error: str) -> None:
+        """End a live turn from any thread (no lock held) and report it failed."""
+        with self._lock:
+            if turn.finished:
+                return
+            self._finish_locked(turn, cancel=True)
+            sends = self._pump()
+        self._wakeup.wake()
+        self.deliver(sends)
+        self._report(self._listener.turn_failed, turn, error)
 
     def _report(self, callback: Callable[..., None], turn: Turn, arg: Any) -> None:
         try:
@@ -436,7 +485,7 @@ class WorkerPool:
                 else:
                     self._warm.append(warm)
                     sends = self._pump()
-            self._deliver(sends)
+            self.deliver(sends)
             self._wakeup.wake()
 
     def _start_process(self) -> _Warm:
@@ -471,13 +520,13 @@ class WorkerPool:
     def _manage_once(self) -> bool:
         with self._lock:
             self._close_requested_locked()
-            if self._stopped and not self._procs and not self._spawning:
+            if self._stopped and not self._procs and not self._spawning and not self._to_close:
                 for warm in self._warm:
                     warm.conn.close()
                 return False
             readers: dict[Any, Turn] = {}
             for item in self._procs.values():
-                if isinstance(item, Turn) and item.conn is not None and not item.conn_closed:
+                if isinstance(item, Turn) and item.conn is not None and not item.conn_closed and not item.close_requested:
                     readers[item.conn] = item
             sentinels = dict(self._procs)
             timeout = self._next_deadline_locked()
@@ -493,14 +542,33 @@ class WorkerPool:
         self._check_deadlines()
         return True
 
+    def _request_close_locked(self, turn: Turn) -> None:
+        turn.close_requested = True
+        if not turn.conn_closed:
+            self._to_close.add(turn)
+
     def _close_requested_locked(self) -> None:
+        """Close the pipes of ended turns (manager thread only).
+
+        Never waits for a turn's ``send_lock`` while holding the pool lock: if a request
+        thread is blocked sending to a worker that stopped reading, kill the worker's
+        process group instead, which fails that send with EPIPE, and close on a later pass.
+        """
+        for turn in list(self._to_close):
+            if turn.conn_closed:
+                self._to_close.discard(turn)
+            elif turn.send_lock.acquire(blocking=False):
+                try:
+                    turn.conn_closed = True
+                    if turn.conn is not None:
+                        turn.conn.close()
+                finally:
+                    turn.send_lock.release()
+                self._to_close.discard(turn)
+            else:
+                _kill_group(turn.process)
         for item in list(self._procs.values()):
-            if isinstance(item, Turn) and item.close_requested and not item.conn_closed:
-                with item.send_lock:
-                    item.conn_closed = True
-                    if item.conn is not None:
-                        item.conn.close()
-            elif isinstance(item, _Warm) and self._stopped and not item.conn.closed:
+            if isinstance(item, _Warm) and self._stopped and not item.conn.closed:
                 item.conn.close()
                 item.kill_at = self._clock() + CANCEL_GRACE_SECONDS
 
@@ -512,6 +580,8 @@ class WorkerPool:
         for item in self._procs.values():
             if item.kill_at is not None:
                 deadlines.append(item.kill_at)
+        if self._to_close:
+            deadlines.append(self._clock() + 0.02)  # a close waits on a blocked sender
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - self._clock())
@@ -521,11 +591,10 @@ class WorkerPool:
         try:
             message = turn.conn.recv()  # type: ignore[union-attr]
         except (EOFError, OSError):
-            with self._lock, turn.send_lock:
+            with self._lock:
                 # The worker closed its end; its sentinel reports how it ended.
-                if not turn.conn_closed and turn.conn is not None:
-                    turn.conn_closed = True
-                    turn.conn.close()
+                self._request_close_locked(turn)
+                self._close_requested_locked()
             return
         except Exception as exc:  # an unpicklable message from the agent's process
             message = Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
@@ -546,7 +615,7 @@ class WorkerPool:
         if isinstance(message, Interrupt):
             self._report(self._listener.turn_interrupted, turn, message)
             return
-        self._deliver(sends)
+        self.deliver(sends)
         if isinstance(message, Result):
             self._report(self._listener.turn_completed, turn, message)
         else:
@@ -572,15 +641,13 @@ class WorkerPool:
                     self._finish_locked(item, cancel=False)
                     sends = self._pump()
             if report:
-                self._deliver(sends)
+                self.deliver(sends)
                 self._report(self._listener.turn_failed, item, EXITED)
         with self._lock:
             self._procs.pop(item.process.sentinel, None)  # type: ignore[union-attr]
             if isinstance(item, Turn):
-                with item.send_lock:
-                    if item.conn is not None and not item.conn_closed:
-                        item.conn_closed = True
-                        item.conn.close()
+                self._request_close_locked(item)
+                self._close_requested_locked()
             elif not item.conn.closed:
                 item.conn.close()
         _kill_group(item.process, only_group=True)  # whatever the agent left in its group
@@ -601,7 +668,7 @@ class WorkerPool:
                     to_kill.append(item.process)
                     item.kill_at = None
             sends = self._pump() if timed_out else []
-        self._deliver(sends)
+        self.deliver(sends)
         for turn in timed_out:
             self._report(self._listener.turn_failed, turn, TIMED_OUT)
         for process in to_kill:

@@ -1,7 +1,8 @@
 """The REST contract in one file: request and response bodies as pydantic models.
 
 Views validate every body with these models and answer with them, so the contract that
-clients see and the OpenAPI document can be derived from one place. Field names, defaults
+clients see and the OpenAPI document can be derived from one place. Unknown fields are
+ignored, never refused, so a client written for a newer or older server keeps working. Field names, defaults
 and nullability follow ``serving-api.md`` exactly.
 """
 
@@ -17,7 +18,7 @@ StatusName = Literal["idle", "running", "interrupted", "error"]
 
 
 class Webhook(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     url: str = Field(min_length=1)
     token: str | None = None
@@ -32,7 +33,7 @@ class Webhook(BaseModel):
 
 
 class CreateSessionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     state: list[ChatMessage] | None = None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
@@ -29,6 +30,7 @@ from motus.serve.sessions import (
     NOT_WAITING,
     InterruptNotPending,
     PendingInterrupt,
+    ServerUnavailable,
     SessionStatus,
     SessionStore,
 )
@@ -66,6 +68,7 @@ class AgentServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_wait: float = DEFAULT_MAX_WAIT_SECONDS,
         max_interrupts: int = DEFAULT_MAX_INTERRUPTS,
+        max_waiters: int = 0,
     ) -> None:
         if isinstance(agent, str):
             load_agent(agent)  # a bad path is a clear error now, not at the first turn
@@ -86,6 +89,10 @@ class AgentServer:
         self.max_request_bytes = max_request_bytes
         self.max_wait = max_wait
         self.max_interrupts = max_interrupts
+        # Long polls each hold a request thread; past this many at once, a poll answers at
+        # once with the current state instead of waiting, so polls can never starve the
+        # threads that resumes and health checks need. 0 = no cap.
+        self.waiters = threading.BoundedSemaphore(max_waiters) if max_waiters else None
         self.store = SessionStore(max_sessions=max_sessions, ttl=ttl)
         self.webhooks = WebhookSender()
         self._turn_lock = threading.Lock()
@@ -121,6 +128,7 @@ class AgentServer:
                 return self._pool
             if self._stopped:
                 raise PoolClosed("Server is shutting down")
+            self._claim_process()
             pool = WorkerPool(
                 listener=self,
                 agent_path=self.agent_path,
@@ -140,6 +148,19 @@ class AgentServer:
             atexit.register(self.shutdown)
             log.info("serving %s with %d worker slots", self.agent_path or self._agent_obj, self.max_workers)
             return pool
+
+    @staticmethod
+    def _claim_process() -> None:
+        """Under gunicorn, make sure this is the only worker serving these sessions."""
+        if "gunicorn" not in sys.modules:
+            return
+        from motus.serve.gunicorn_app import claim_single_worker
+
+        try:
+            claim_single_worker()
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            raise ServerUnavailable(str(exc)) from None
 
     def begin_shutdown(self) -> None:
         """Release long polls and refuse new work at once (safe to call from any thread)."""
@@ -188,10 +209,11 @@ class AgentServer:
         with self._turn_lock:
             turn_id, state = self.store.start_turn(session_id, message, webhook)
             try:
-                pool.submit(session_id, turn_id, message, state)
+                sends = pool.submit(session_id, turn_id, message, state)
             except PoolClosed:
                 self.store.fail_turn(session_id, turn_id, CANCELLED)
                 raise
+        pool.deliver(sends)  # never under _turn_lock: a send may block on a slow worker
 
     def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionStatus:
         """Deliver one resume; returns the status it left the session in (``running`` once
@@ -199,16 +221,20 @@ class AgentServer:
         pool = self.pool
         with self._turn_lock:
             turn_id, all_resolved = self.store.take_interrupt(session_id, interrupt_id)
-            delivered = pool.resume(session_id, turn_id, interrupt_id, value, unpark=all_resolved)
-        if not delivered:
+            sends = pool.resume(session_id, turn_id, interrupt_id, value, unpark=all_resolved)
+            if sends is None:
+                self.store.retire_interrupt(session_id, interrupt_id, "its worker had already ended")
+        if sends is None:
             raise InterruptNotPending(f"{NOT_WAITING}: the worker of interrupt {interrupt_id} has ended")
+        pool.deliver(sends)
         return SessionStatus.RUNNING if all_resolved else SessionStatus.INTERRUPTED
 
     def delete(self, session_id: str) -> None:
         with self._turn_lock:
             live_turn = self.store.delete(session_id)
-            if live_turn is not None and self._pool is not None:
-                self._pool.cancel(session_id, live_turn)
+            sends = self._pool.cancel(session_id, live_turn) if live_turn is not None and self._pool is not None else []
+        if sends and self._pool is not None:
+            self._pool.deliver(sends)
 
     # -- TurnListener (the pool's manager thread) --------------------------------------
 
@@ -216,8 +242,9 @@ class AgentServer:
         pending = PendingInterrupt(interrupt_id=interrupt.interrupt_id, payload=interrupt.payload)
         with self._turn_lock:
             became = self.store.interrupt_turn(turn.session_id, turn.turn_id, pending)
-            if became and self._pool is not None:
-                self._pool.park(turn.session_id, turn.turn_id)
+            sends = self._pool.park(turn.session_id, turn.turn_id) if became and self._pool is not None else []
+        if sends and self._pool is not None:
+            self._pool.deliver(sends)
 
     def turn_completed(self, turn: Turn, result: Result) -> None:
         end = self.store.complete_turn(turn.session_id, turn.turn_id, result.response, result.state)
@@ -228,7 +255,7 @@ class AgentServer:
         end = self.store.fail_turn(turn.session_id, turn.turn_id, error)
         if end is not None:
             if end.status is SessionStatus.ERROR:
-                log.info("turn %s of session %s failed: %s", turn.turn_id, turn.session_id, error.splitlines()[-1])
+                log.info("turn %s of session %s failed: %s", turn.turn_id, turn.session_id, _last_line(error))
             self.webhooks.send(end)
 
     # -- running it -------------------------------------------------------------------
@@ -238,6 +265,11 @@ class AgentServer:
         from motus.serve.gunicorn_app import run_gunicorn
 
         run_gunicorn(lambda: self, host=host, port=port, threads=threads, shutdown_timeout=self.shutdown_timeout)
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "(no message)"
 
 
 def _raise_open_file_limit() -> None:

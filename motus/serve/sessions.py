@@ -344,6 +344,13 @@ class SessionStore:
                 session.cond.notify_all()
             return session.turn_id, all_resolved
 
+    def retire_interrupt(self, session_id: str, interrupt_id: str, why: str) -> None:
+        """Correct why an interrupt is no longer pending (its resume could not be delivered)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.retire(interrupt_id, why)
+
     @staticmethod
     def _why_not_pending(session: Session, interrupt_id: str) -> str:
         why = session.retired.get(interrupt_id)
@@ -374,7 +381,8 @@ class SessionStore:
             session = self._sessions.get(session_id)
             if session is None or not session.live_turn(turn_id):
                 return None
-            session.retire_pending(f"its turn ended with an error ({error.strip().splitlines()[-1]})")
+            lines = error.strip().splitlines()
+            session.retire_pending(f"its turn ended with an error ({lines[-1] if lines else 'no message'})")
             session.status = SessionStatus.ERROR
             session.error = error
             return self._end(session)

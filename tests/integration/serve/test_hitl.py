@@ -364,6 +364,48 @@ def test_create_with_state_list_get_delete(server: Server) -> None:
 def test_put_needs_allow_custom_ids(server: Server) -> None:
     refused = server.put(f"/sessions/{uuid.uuid4()}", json={})
     assert refused.status_code == 405 and "--allow-custom-ids" in refused.json()["detail"]
+    assert refused.headers["Allow"] == "GET, DELETE"
+
+
+def test_unknown_fields_are_ignored(server: Server) -> None:
+    created = server.post("/sessions", json={"state": [], "from_a_newer_client": True})
+    assert created.status_code == 201
+    sid = created.json()["session_id"]
+    sent = server.post(f"/sessions/{sid}/messages", json={"content": "echo x", "webhook": None, "priority": 3})
+    assert sent.status_code == 202
+    assert server.wait_for_status(sid, "idle")["response"]["content"] == "echo: x"
+
+
+def test_payload_is_shown_as_json_normalised(start_server) -> None:
+    server = start_server("tests.agents:int_keys", "--workers", "1")
+    sid = start_turn(server, "go")
+    [item] = interrupted(server, sid)["interrupts"]
+    assert item["payload"] == {"type": "odd", "1": "one", "pair": [1, 2]}
+    assert resume(server, sid, item["interrupt_id"], "ok").status_code == 200
+    assert server.wait_for_status(sid, "idle")["response"]["content"] == "'ok'"
+
+
+def test_a_worker_that_stops_reading_blocks_nobody_else(start_server) -> None:
+    hog_server = start_server("tests.agents:gil_hog", "--workers", "2", "--timeout", "3")
+    sid = start_turn(hog_server, "go")
+    items = interrupted(hog_server, sid, count=2)["interrupts"]
+    result: dict = {}
+
+    def big_resume() -> None:  # 2 MB: more than the pipe buffers while the worker is not reading
+        result["response"] = resume(hog_server, sid, items[0]["interrupt_id"], "x" * 2_000_000)
+
+    sender = threading.Thread(target=big_resume)
+    sender.start()
+    try:
+        # While that send is stuck, the same server keeps serving everyone else.
+        other = start_turn(hog_server, "go")
+        assert interrupted(hog_server, other, count=2)["status"] == "interrupted"
+        assert hog_server.get("/health").status_code == 200
+        assert hog_server.delete(f"/sessions/{other}").status_code == 204
+        assert hog_server.wait_for_status(sid, "error")["error"] == "Agent timed out"
+    finally:
+        sender.join(30)
+    assert result["response"].status_code in (200, 404)
 
 
 def test_custom_ids_and_session_limit(start_server) -> None:
@@ -373,6 +415,7 @@ def test_custom_ids_and_session_limit(start_server) -> None:
     assert created.status_code == 201 and created.json()["session_id"] == custom
     assert server.put(f"/sessions/{custom}", json={}).status_code == 409
     assert server.put("/sessions/not-a-uuid", json={}).status_code == 400
+    assert server.put(f"/sessions/{custom.upper()}", json={}).status_code == 400  # one UUID, one spelling
     server.create_session()
     full = server.post("/sessions", json={})
     assert full.status_code == 503 and "limit" in full.json()["detail"]
@@ -423,6 +466,9 @@ def test_long_poll_sees_delete(server: Server) -> None:
         ("post", "/sessions/{sid}/resume", '{"value": 1}', 422, "interrupt_id"),
         ("post", "/sessions/{sid}/resume", '{"interrupt_id": 5}', 422, "interrupt_id"),
         ("post", "/sessions/{sid}/resume", "null", 400, "JSON object"),
+        ("post", "/sessions/{sid}/resume", '{"interrupt_id": "x", "value": ' + "[" * 900 + "]" * 900 + "}", 400, "nested too deeply"),
+        ("post", "/sessions/{sid}/messages", '{"content": "x", "user_params": {"a": ' + "[" * 300 + "]" * 300 + "}}", 400, "nested too deeply"),
+        ("post", "/sessions", '{"state": [{"content": "x", "user_params": {"a": ' + "[" * 100 + "]" * 100 + "}}]}", 400, "nested too deeply"),
         ("get", "/sessions/{sid}?wait=maybe", None, 400, "wait"),
         ("get", "/sessions/{sid}?wait=true&timeout=soon", None, 400, "timeout"),
         ("get", "/sessions/{sid}?wait=true&timeout=-1", None, 400, "timeout"),

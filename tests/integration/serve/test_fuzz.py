@@ -33,8 +33,8 @@ EXCLUDED = {"positive_data_acceptance", "missing_required_header", "ignored_auth
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     with server_factory(tmp_path_factory.mktemp("fuzz")) as start:
         yield {
-            "open": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--timeout", "60"),
-            "keyed": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--timeout", "60", "--api-key", KEY),
+            "open": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--timeout", "60", "--shutdown-timeout", "1"),
+            "keyed": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--timeout", "60", "--shutdown-timeout", "1", "--api-key", KEY),
         }
 
 

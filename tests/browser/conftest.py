@@ -3,8 +3,9 @@
 - ``browser`` (package scope): one headless Chromium for the browser tests, launched from
   ``/usr/bin/chromium`` (``$MOTUS_CHROMIUM`` overrides it); Playwright never downloads a
   browser. Without it the browser tests are skipped, or fail when ``MOTUS_REQUIRE_BROWSER``
-  is set (as ``.ci/run`` does). Its processes and Playwright's driver exist before every test starts, so the
-  leak check only sees what a test adds: each test's browser context is closed at the end.
+  is set (as ``.ci/run`` does). Its processes and Playwright's driver exist before every
+  test starts, so the leak check only sees what a test adds: each test's browser context
+  is closed at the end.
 - ``open_chat(server, width=..., height=...)``: a fresh browser context with the page at
   ``<server>/ui/``, wrapped in :class:`Chat`. At teardown it fails the test if the page
   requested anything outside the server's origin, threw a JavaScript error, or broke its
@@ -55,8 +56,11 @@ PHONE = (390, 844)
 expect.set_options(timeout=WAIT_MS)
 
 
-@pytest.fixture(scope="package")  # not "session": Playwright's sync loop must be gone before
-def browser() -> Iterator[Browser]:  # later tests, or their asyncio.run() sees a running loop
+@pytest.fixture(scope="package")
+def browser() -> Iterator[Browser]:
+    """One browser for the tests of this package. Not session-wide: while Playwright's sync
+    API is alive, the main thread counts as running an asyncio loop, and ``asyncio.run()``
+    in any later test would fail with "cannot be called from a running event loop"."""
     if not os.path.exists(CHROMIUM):
         message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium) or set MOTUS_CHROMIUM"
         if os.environ.get("MOTUS_REQUIRE_BROWSER"):  # set by .ci/run: there, a missing browser is a failure

@@ -801,6 +801,9 @@
         send.click();
       }
     });
+    // A custom payload often carries its own words for the person; show them first.
+    const words = ["prompt", "message", "question", "text"].map((k) => payload[k]).find((v) => typeof v === "string" && v);
+    if (words) card.append(el("p", { class: "card-prompt" }, words));
     card.append(
       el("p", { class: "card-label" }, "This request has no dedicated form here. What the agent sent:"),
       el("pre", { class: "mono payload" }, pretty(interrupt.payload)),

@@ -7,7 +7,7 @@ import re
 import pytest
 from flask import Flask
 
-from motus.serve.ui import BLUEPRINT_NAME, CONTENT_SECURITY_POLICY, STATIC_DIR, register_ui
+from motus.serve.ui import CONTENT_SECURITY_POLICY, STATIC_DIR, register_ui
 
 
 @pytest.fixture
@@ -62,14 +62,6 @@ def test_other_routes_are_untouched(client):
     response = client.get("/sessions")
     assert response.status_code == 200
     assert "Content-Security-Policy" not in response.headers
-
-
-def test_blueprint_is_named_for_an_auth_exemption(client):
-    with client.application.test_request_context("/ui/"):
-        from flask import request
-
-        client.application.preprocess_request()
-        assert request.blueprint == BLUEPRINT_NAME
 
 
 def test_static_files_reference_no_other_origin():

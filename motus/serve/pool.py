@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 
 #: After closing a cancelled turn's pipe, how long before its process group is killed.
 CANCEL_GRACE_SECONDS = EXIT_GRACE_SECONDS + 0.5
+#: A send still stuck this long when its pipe must close means the worker stopped reading.
+BLOCKED_SEND_SECONDS = 0.2
+#: Top up warm processes only after no turn has run code for this long (unless short).
+REFILL_IDLE_SECONDS = 0.02
 #: After a worker reported its outcome, how long it may take to exit before it is killed.
 REAP_GRACE_SECONDS = 5.0
 
@@ -105,6 +109,8 @@ class Turn:
     finished: bool = False  # its outcome is decided (reported, or cancelled)
     close_requested: bool = False
     conn_closed: bool = False
+    close_blocked_since: float | None = None  # a sender held send_lock when we came to close
+    reaped: bool = False  # its process has exited and been joined: never signal its pid again
     kill_at: float | None = None
 
     @property
@@ -202,7 +208,10 @@ class WorkerPool:
         self.max_workers = max_workers or (os.cpu_count() or 1)
         self.timeout = timeout
         self.max_interrupts = max_interrupts
-        self.warm_target = warm if warm is not None else max(2, min(self.max_workers, 8))
+        # Enough warm processes for a burst of max_workers new turns, and as many again so a
+        # refill can wait until no turn is running (see _spawn_loop).
+        self.warm_target = warm if warm is not None else min(2 * self.max_workers, 16)
+        self.warm_low = min(self.warm_target, max(1, self.max_workers))
         self._listener = listener
         self._agent_path = agent_path
         self._agent_obj = agent_obj
@@ -217,6 +226,7 @@ class WorkerPool:
         self._warm: deque[_Warm] = deque()
         self._spawning = 0
         self._free_slots = self.max_workers
+        self._last_dispatch = 0.0
         self._closing = False
         self._stopped = False
         self._wakeup = _Wakeup()
@@ -247,6 +257,7 @@ class WorkerPool:
             self._turns[turn.key] = turn
             self._ready.append((turn, job))
             sends = self._pump()
+            self._changed.notify_all()  # a queued job may need the spawner
         self._wakeup.wake()  # a new deadline, maybe a new connection to watch
         return sends
 
@@ -400,6 +411,7 @@ class WorkerPool:
             turn.holds_slot = True
             sends.append((turn, message))
         if sends:
+            self._last_dispatch = self._clock()
             self._changed.notify_all()
         return sends
 
@@ -462,10 +474,36 @@ class WorkerPool:
 
     # -- spawner thread -----------------------------------------------------------------
 
+    def _should_spawn_locked(self) -> tuple[bool, float | None]:
+        """Start a process now? Otherwise, how long to wait before asking again.
+
+        Starting a process costs about a millisecond of this process' time (under the GIL)
+        and several more of CPU in the forkserver and the child, which on a small machine
+        slows the turn that is running. So: refill at once only below the low-water mark
+        (a burst could find no process) or when a queued turn needs one; otherwise wait
+        until no turn has been running code for ``REFILL_IDLE_SECONDS``.
+        """
+        have = len(self._warm) + self._spawning
+        if have >= self.warm_target:
+            return False, None
+        waiting = any(isinstance(message, Job) for _, message in self._ready)
+        if have < self.warm_low or waiting:
+            return True, None
+        if self._free_slots < self.max_workers:
+            return False, None  # a turn is running: wait for it to end (we are notified)
+        idle_for = self._clock() - self._last_dispatch
+        if idle_for >= REFILL_IDLE_SECONDS:
+            return True, None
+        return False, REFILL_IDLE_SECONDS - idle_for
+
     def _spawn_loop(self) -> None:
         while True:
             with self._lock:
-                self._changed.wait_for(lambda: self._stopped or len(self._warm) + self._spawning < self.warm_target)
+                while not self._stopped:
+                    spawn, wait_for = self._should_spawn_locked()
+                    if spawn:
+                        break
+                    self._changed.wait(wait_for)
                 if self._stopped:
                     return
                 self._spawning += 1
@@ -504,16 +542,19 @@ class WorkerPool:
     # -- manager thread -----------------------------------------------------------------
 
     def _manage(self) -> None:
+        """Manager thread. A failing pass is logged and the loop goes on: one bad event must
+        not leave every live turn without the thread that reads their results."""
+        failures = 0
         try:
-            while self._manage_once():
-                pass
-        except Exception:
-            log.exception("pool manager thread crashed; killing every worker")
-            with self._lock:
-                procs = list(self._procs.values()) + list(self._warm)
-            for item in procs:
-                _kill_group(item.process)
-            raise
+            while True:
+                try:
+                    if not self._manage_once():
+                        return
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.exception("pool manager pass failed (%d in a row)", failures)
+                    threading.Event().wait(min(1.0, 0.01 * failures))  # never a hot loop
         finally:
             self._wakeup.close()
 
@@ -554,6 +595,7 @@ class WorkerPool:
         thread is blocked sending to a worker that stopped reading, kill the worker's
         process group instead, which fails that send with EPIPE, and close on a later pass.
         """
+        now = self._clock()
         for turn in list(self._to_close):
             if turn.conn_closed:
                 self._to_close.discard(turn)
@@ -565,8 +607,10 @@ class WorkerPool:
                 finally:
                     turn.send_lock.release()
                 self._to_close.discard(turn)
-            else:
-                _kill_group(turn.process)
+            elif turn.close_blocked_since is None:
+                turn.close_blocked_since = now  # usually a send that ends in microseconds
+            elif now - turn.close_blocked_since > BLOCKED_SEND_SECONDS and not turn.reaped:
+                _kill_group(turn.process)  # the worker stopped reading: EPIPE frees the sender
         for item in list(self._procs.values()):
             if isinstance(item, _Warm) and self._stopped and not item.conn.closed:
                 item.conn.close()
@@ -651,8 +695,11 @@ class WorkerPool:
             elif not item.conn.closed:
                 item.conn.close()
         _kill_group(item.process, only_group=True)  # whatever the agent left in its group
-        item.process.join(timeout=1)  # type: ignore[union-attr]
-        item.process.close()  # type: ignore[union-attr]
+        item.process.join(timeout=1)
+        with self._lock:
+            if isinstance(item, Turn):
+                item.reaped = True
+            item.process.close()
 
     def _check_deadlines(self) -> None:
         now = self._clock()
@@ -676,8 +723,14 @@ class WorkerPool:
 
 
 def _kill_group(process: BaseProcess | None, only_group: bool = False) -> None:
-    """SIGKILL a worker and its process group (it called setpgrp). "Already dead" is fine."""
-    if process is None or process.pid is None:
+    """SIGKILL a worker and its process group (it called setpgrp). "Already dead" is fine.
+    Callers never pass a reaped process (its pid may belong to someone else by now)."""
+    if process is None:
+        return
+    try:
+        if process.pid is None:
+            return
+    except ValueError:  # the process object is closed: it was reaped
         return
     try:
         os.killpg(process.pid, signal.SIGKILL)

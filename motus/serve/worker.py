@@ -58,13 +58,20 @@ def worker_main(conn: Connection, agent_path: str | None, agent_obj: Any = None)
     if load_error is not None:
         conn.send(Failure(error=load_error))
         return
-    outcome = _run_on(loop, _run_job(conn, agent, job))
+    try:
+        _run_on(loop, _run_and_report(conn, agent, job))
+    finally:
+        interrupt_module._install(None)
+
+
+async def _run_and_report(conn: Connection, agent: Any, job: Job) -> None:
+    """Send the outcome from inside the loop, before the loop's clean-up (which joins the
+    default executor's threads) so the client does not wait for it."""
+    outcome = await _run_job(conn, agent, job)
     try:
         conn.send(outcome)
     except OSError:
         pass  # the pool closed the pipe: the turn was cancelled, nobody wants the outcome
-    finally:
-        interrupt_module._install(None)
 
 
 def _warm_up(loop: asyncio.AbstractEventLoop) -> None:

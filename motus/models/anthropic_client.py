@@ -20,16 +20,13 @@ construction), the base URL from ``base_url``, ``$ANTHROPIC_BASE_URL`` or
 from __future__ import annotations
 
 import json
-import os
 import re
-import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
+from motus.models._client_base import HttpChatClient
 from motus.models.base import ChatCompletion, ModelError, Usage
-from motus.models.http import JsonTransport, provider_error_message
+from motus.models.http import provider_error_message
 from motus.models.messages import ChatMessage, FunctionCall, ToolCall
-from motus.models.openai_client import resolve_key
 
 __all__ = ["AnthropicChatClient", "to_anthropic_request"]
 
@@ -103,50 +100,20 @@ def to_anthropic_request(messages: list[ChatMessage], tools: list[dict[str, Any]
     return request
 
 
-class AnthropicChatClient:
-    """A client of Anthropic's Messages API; arguments as for :class:`~motus.models.OpenAIChatClient`."""
+class AnthropicChatClient(HttpChatClient):
+    """A client of Anthropic's Messages API; arguments as for :class:`~motus.models.OpenAIChatClient`, plus ``max_tokens``."""
 
     provider = "Anthropic"
     api_key_env = "ANTHROPIC_API_KEY"
     base_url_env = "ANTHROPIC_BASE_URL"
     default_base_url = "https://api.anthropic.com"
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        *,
-        max_tokens: int = 4096,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 300.0,
-        max_retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        max_retry_after: float = 30.0,
-        sleep: Callable[[float], None] = time.sleep,
-        headers: Mapping[str, str] | None = None,
-        **defaults: Any,
-    ) -> None:
-        key = resolve_key(api_key, self.api_key_env, self.provider)
-        self.base_url = (base_url or os.environ.get(self.base_url_env) or self.default_base_url).rstrip("/")
+    def __init__(self, api_key: str | None = None, base_url: str | None = None, *, max_tokens: int = 4096, **kwargs: Any) -> None:
         self.max_tokens = max_tokens
-        self.defaults = defaults
-        self.transport = JsonTransport(
-            provider=self.provider,
-            base_url=self.base_url,
-            headers={"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION, **(headers or {})},
-            secret=key,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            max_retry_after=max_retry_after,
-            sleep=sleep,
-        )
+        super().__init__(api_key, base_url, **kwargs)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(base_url={self.base_url!r})"
+    def _auth_headers(self, key: str) -> dict[str, str]:
+        return {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION}
 
     def chat(
         self,

@@ -14,24 +14,15 @@ is a ``ModelError`` too, carrying the provider's message.
 from __future__ import annotations
 
 import json
-import os
-import time
 import uuid
-from collections.abc import Callable, Mapping
 from typing import Any
 
+from motus.models._client_base import HttpChatClient, resolve_key  # noqa: F401  (resolve_key: kept importable here)
 from motus.models.base import ChatCompletion, ModelError, Usage
-from motus.models.http import JsonTransport, provider_error_message
+from motus.models.http import provider_error_message
 from motus.models.messages import ChatMessage, FunctionCall, ToolCall
 
 __all__ = ["OpenAIChatClient", "OpenRouterChatClient", "to_openai_messages", "to_openai_tools"]
-
-
-def resolve_key(api_key: str | None, env_var: str, provider: str) -> str:
-    key = api_key if api_key is not None else os.environ.get(env_var, "")
-    if not key.strip():
-        raise ModelError(f"{provider} API key missing: set {env_var} or pass api_key=", provider=provider)
-    return key.strip()
 
 
 def _image_url(data: str) -> str:
@@ -90,7 +81,7 @@ def _tool_calls(raw: Any) -> list[ToolCall] | None:
     return calls
 
 
-class OpenAIChatClient:
+class OpenAIChatClient(HttpChatClient):
     """A chat-completions client for OpenAI (or any server that speaks its protocol).
 
     Args:
@@ -108,40 +99,8 @@ class OpenAIChatClient:
     base_url_env = "OPENAI_BASE_URL"
     default_base_url = "https://api.openai.com/v1"
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        *,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 300.0,
-        max_retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        max_retry_after: float = 30.0,
-        sleep: Callable[[float], None] = time.sleep,
-        headers: Mapping[str, str] | None = None,
-        **defaults: Any,
-    ) -> None:
-        key = resolve_key(api_key, self.api_key_env, self.provider)
-        self.base_url = (base_url or os.environ.get(self.base_url_env) or self.default_base_url).rstrip("/")
-        self.defaults = defaults
-        self.transport = JsonTransport(
-            provider=self.provider,
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {key}", **self._extra_headers(), **(headers or {})},
-            secret=key,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            max_retry_after=max_retry_after,
-            sleep=sleep,
-        )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(base_url={self.base_url!r})"
+    def _auth_headers(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}", **self._extra_headers()}
 
     def _extra_headers(self) -> dict[str, str]:
         return {}

@@ -41,6 +41,7 @@ from motus.models import ChatMessage
 from motus.serve.chat import EXIT_INTERRUPTED, Chat, Console, describe_error
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def register(group: click.Group) -> None:
@@ -129,6 +130,23 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
+def _fetch_and_print(
+    url: str,
+    api_key: str | None,
+    as_json: bool,
+    fetch: Callable[[Client], T],
+    to_json: Callable[[T], Any],
+    to_text: Callable[[T], str],
+) -> None:
+    """Call ``fetch`` with a client of ``url``, then print its result as JSON (``--json``) or text."""
+    with Client(url, api_key=api_key) as client:
+        result = fetch(client)
+    if as_json:
+        _print_json(to_json(result))
+    else:
+        click.echo(to_text(result))
+
+
 def _indent(text: str, prefix: str) -> str:
     return "\n".join(prefix + line for line in text.splitlines()) if text else prefix.rstrip()
 
@@ -208,12 +226,14 @@ def chat(url: str, message: str | None, session_id: str | None, keep: bool, para
 @_handle_errors
 def health(url: str, as_json: bool, api_key: str | None) -> None:
     """Show the server's health: workers and session count."""
-    with Client(url, api_key=api_key) as client:
-        result = client.health()
-    if as_json:
-        _print_json(result.model_dump(mode="json"))
-    else:
-        click.echo("\n".join(f"{key}: {value}" for key, value in result.model_dump().items()))
+    _fetch_and_print(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.health(),
+        lambda result: result.model_dump(mode="json"),
+        lambda result: "\n".join(f"{key}: {value}" for key, value in result.model_dump().items()),
+    )
 
 
 @click.command()
@@ -231,12 +251,14 @@ def health(url: str, as_json: bool, api_key: str | None) -> None:
 def create(url: str, session_id: str | None, state_file: str | None, as_json: bool, api_key: str | None) -> None:
     """Create a session and print its id."""
     state = _read_state(state_file) if state_file else None
-    with Client(url, api_key=api_key) as client:
-        session = client.create_session(state=state, session_id=session_id)
-    if as_json:
-        _print_json(session.model_dump(mode="json"))
-    else:
-        click.echo(session.session_id)
+    _fetch_and_print(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.create_session(state=state, session_id=session_id),
+        lambda session: session.model_dump(mode="json"),
+        lambda session: session.session_id,
+    )
 
 
 def _read_state(path: str) -> list[Any]:
@@ -259,12 +281,14 @@ def _read_state(path: str) -> list[Any]:
 @_handle_errors
 def sessions(url: str, as_json: bool, api_key: str | None) -> None:
     """List the server's sessions."""
-    with Client(url, api_key=api_key) as client:
-        rows = client.list_sessions()
-    if as_json:
-        _print_json([row.model_dump(mode="json") for row in rows])
-    else:
-        click.echo(format_sessions(rows))
+    _fetch_and_print(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.list_sessions(),
+        lambda rows: [row.model_dump(mode="json") for row in rows],
+        format_sessions,
+    )
 
 
 @click.command()

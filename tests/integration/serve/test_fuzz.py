@@ -3,8 +3,9 @@
 Schemathesis generates valid and invalid requests for every operation; each response must
 match the document (status, content type, body schema), never be a 5xx, and a request the
 server rejects (4xx) must leave every session exactly as it was. The agent never finishes a
-turn (``hang``, one compute slot), so the only thing that can change a session between two
-snapshots is the request in between.
+turn (``hang``, one compute slot, no ``--timeout``, which would fail turns mid-run on a slow
+machine), so the only thing that can change a session between two snapshots is the request
+in between.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ EXCLUDED = {"positive_data_acceptance", "missing_required_header", "ignored_auth
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     with server_factory(tmp_path_factory.mktemp("fuzz")) as start:
         yield {
-            "open": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--timeout", "60", "--shutdown-timeout", "1"),
-            "keyed": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--timeout", "60", "--shutdown-timeout", "1", "--api-key", KEY),
+            "open": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--shutdown-timeout", "1"),
+            "keyed": start("tests.agents:hang", "--workers", "1", "--allow-custom-ids", "--shutdown-timeout", "1", "--api-key", KEY),
         }
 
 

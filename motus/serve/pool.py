@@ -56,6 +56,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
+from motus.serve.agents import agent_module
 from motus.serve.interrupt import EXIT_GRACE_SECONDS, Failure, Interrupt, Job, Result, Resume
 from motus.serve.sessions import ServerUnavailable
 from motus.serve.worker import worker_main
@@ -216,7 +217,7 @@ class WorkerPool:
         self._agent_path = agent_path
         self._agent_obj = agent_obj
         self._clock = clock
-        self._ctx = _context(agent_path.partition(":")[0] if agent_path else None)
+        self._ctx = _context(agent_module(agent_path) if agent_path else None)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # turns finished/parked, warm taken
         self._turns: dict[tuple[str, int], Turn] = {}  # live turns (outcome not decided)

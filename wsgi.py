@@ -4,7 +4,8 @@
 
 Options come from the environment: ``MOTUS_AGENT`` (required), ``MOTUS_WORKERS``,
 ``MOTUS_TTL``, ``MOTUS_TIMEOUT``, ``MOTUS_MAX_SESSIONS``, ``MOTUS_SHUTDOWN_TIMEOUT``,
-``MOTUS_ALLOW_CUSTOM_IDS``, ``MOTUS_UI`` (1/0). Importing this module starts nothing: the
+``MOTUS_ALLOW_CUSTOM_IDS``, ``MOTUS_UI`` (1/0), ``MOTUS_STORE`` (a store URL),
+``MOTUS_PARK_AFTER`` (seconds or ``never``). Importing this module starts nothing: the
 pool starts with the first request, in the process that serves it. Sessions live in one
 process, so a second gunicorn worker is refused at boot with an explanation.
 """
@@ -29,6 +30,15 @@ def _env_number(name: str) -> float:
         raise SystemExit(f"{name} must be a number, got {raw!r}") from None
 
 
+def _park_after() -> float | None | str:
+    raw = os.environ.get("MOTUS_PARK_AFTER", "").strip().lower()
+    if not raw:
+        return "default"
+    if raw == "never":
+        return None
+    return _env_number("MOTUS_PARK_AFTER")
+
+
 if "MOTUS_AGENT" not in os.environ:
     raise SystemExit("Set MOTUS_AGENT to the agent's import path, e.g. MOTUS_AGENT=examples.serving.hitl_agent:agent")
 
@@ -43,8 +53,10 @@ server = AgentServer(
     ttl=_env_number("MOTUS_TTL"),
     timeout=_env_number("MOTUS_TIMEOUT"),
     max_sessions=int(_env_number("MOTUS_MAX_SESSIONS")),
-    shutdown_timeout=_env_number("MOTUS_SHUTDOWN_TIMEOUT"),
+    shutdown_timeout=float(os.environ.get("MOTUS_SHUTDOWN_TIMEOUT", "30") or 30),
     allow_custom_ids=_env_flag("MOTUS_ALLOW_CUSTOM_IDS", False),
     ui=_env_flag("MOTUS_UI", True),
+    store=os.environ.get("MOTUS_STORE") or None,
+    park_after=_park_after(),
 )
 app = server.app

@@ -147,6 +147,10 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.pop("MOTUS_API_KEY", None)
+    # Servers keep sessions in memory unless a test asks for a store: the default SQLite file
+    # lives in the working directory, which every test server shares.
+    env["MOTUS_STORE"] = "memory"
+    env.pop("MOTUS_PARK_AFTER", None)
     if extra:
         env.update(extra)
     return env

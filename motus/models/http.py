@@ -82,7 +82,20 @@ class JsonTransport:
         return min(self.max_backoff, self.backoff * (2**attempt))
 
     def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``base_url + path``; return the JSON object the provider sent."""
+        """POST ``body`` to ``base_url + path``; return the JSON object the provider sent.
+
+        Inside a served turn the call goes through the turn's journal: a replayed turn gets
+        the recorded reply and the provider is not asked (or billed) again.
+        """
+        from motus.serve.journal import current, digest
+
+        journal = current()
+        if journal is None:
+            return self._post(path, body)
+        label = f"{self.provider} {path}"
+        return journal.call_sync("model", digest([self.base_url, path, body]), label, lambda: self._post(path, body))
+
+    def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         import requests  # imported on first use: serving a plain function agent never needs it
 
         url = f"{self.base_url}/{path.lstrip('/')}"

@@ -38,7 +38,8 @@ from motus.serve.schemas import (
     SessionResponse,
     SessionSummary,
 )
-from motus.serve.sessions import ServeError, SessionStatus, SessionView
+from motus.serve.errors import BadRequest, CustomIdsDisabled, ServeError, Unauthorized, Unprocessable
+from motus.serve.turns import SessionStatus, SessionView
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +50,6 @@ DEFAULT_WAIT_SECONDS = 30.0
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
-
-
-class BadRequest(ServeError):
-    status_code = 400
-
-
-class Unprocessable(ServeError):
-    status_code = 422
-
-
-class CustomIdsDisabled(ServeError):
-    status_code = 405
-
-
-class Unauthorized(ServeError):
-    status_code = 401
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="motus"'})
 
 
 #: Endpoints anyone may call, even when API keys are configured.
@@ -257,7 +239,7 @@ def put_session(session_id: str) -> Response:
 
 def _create(session_id: str | None, body: CreateSessionRequest) -> Response:
     state = [message.model_dump(mode="json") for message in body.state or []]
-    view = _server().store.create(session_id=session_id, state=state)
+    view = _server().turns.create(session_id=session_id, state=state)
     return _json(_session_response(view), 201, {"Location": f"/sessions/{view.session_id}"})
 
 
@@ -265,25 +247,25 @@ def _create(session_id: str | None, body: CreateSessionRequest) -> Response:
 def list_sessions() -> Response:
     summaries = [
         SessionSummary(session_id=view.session_id, total_messages=view.total_messages, status=view.status.value)
-        for view in _server().store.list()
+        for view in _server().turns.list()
     ]
     return jsonify([summary.model_dump(mode="json") for summary in summaries])
 
 
 @api.get("/sessions/<session_id>")
 def get_session(session_id: str) -> Response:
-    store = _server().store
+    turns = _server().turns
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)  # checked even when unused
     waiters = _server().waiters
     if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
         try:
-            view = store.wait(session_id, timeout)
+            view = turns.wait(session_id, timeout)
         finally:
             if waiters is not None:
                 waiters.release()
     else:
-        view = store.get(session_id)
+        view = turns.get(session_id)
     return _json(_session_response(view))
 
 
@@ -306,12 +288,12 @@ def send_message(session_id: str) -> Response:
 
 @api.get("/sessions/<session_id>/messages")
 def get_messages(session_id: str) -> Response:
-    return jsonify(_server().store.messages(session_id))
+    return jsonify(_server().turns.messages(session_id))
 
 
 @api.post("/sessions/<session_id>/resume")
 def resume(session_id: str) -> Response:
-    _server().store.get(session_id)  # 404 for an unknown session before judging the body
+    _server().turns.get(session_id)  # 404 for an unknown session before judging the body
     body = _body(ResumeRequest)
     status = _server().resume(session_id, body.interrupt_id, body.value)
     return _json(ResumeAccepted(session_id=session_id, status=status.value))

@@ -27,6 +27,35 @@ RESERVED_THREADS = 8
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 
 
+def _parse_park_after(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None | str:
+    if value is None:
+        return "default"
+    if value.strip().lower() == "never":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a number of seconds or 'never', got {value!r}") from None
+    if not seconds >= 0:
+        raise click.BadParameter(f"expected seconds >= 0 or 'never', got {value!r}")
+    return seconds
+
+
+def resolve_store(opts: dict[str, Any]) -> str:
+    """The store URL to serve from, checked now: a store that cannot be opened (malformed
+    URL, unwritable path, in use by another server, newer schema) stops the start with one
+    line and exit code 2, before anything listens."""
+    from motus.serve.store import StoreError, default_store_url, store_from_url
+
+    url = opts["store"] or default_store_url(opts["agent"])
+    try:
+        store_from_url(url).check()
+    except StoreError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    return url
+
+
 def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options every way of starting a server shares."""
     options = [
@@ -37,7 +66,9 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ttl", default=0.0, type=click.FloatRange(0), help="Sweep idle/error sessions untouched this long (s); 0 = never."),
         click.option("--timeout", default=0.0, type=click.FloatRange(0), help="Kill a turn after this many seconds; 0 = never."),
         click.option("--max-sessions", default=0, type=click.IntRange(0), help="Cap on live sessions; 0 = unlimited."),
-        click.option("--shutdown-timeout", default=0.0, type=click.FloatRange(0), help="Wait this long for running turns on shutdown; 0 = as long as they take."),
+        click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0), help="Wait this long for running turns on shutdown; 0 = as long as they take. With a durable store, turns still running then are replayed at the next start."),
+        click.option("--store", "store", default=None, envvar="MOTUS_STORE", metavar="URL", help="Where sessions live: memory, sqlite:///PATH (default: sqlite:///.motus/<module>.<attr>.sqlite3; $MOTUS_STORE)."),
+        click.option("--park-after", "park_after", default=None, envvar="MOTUS_PARK_AFTER", metavar="SECONDS|never", callback=_parse_park_after, help="End the process of a turn that has waited on a person this long; a resume replays it (default: 30 with a durable store, never with memory)."),
         click.option("--allow-custom-ids", is_flag=True, help="Allow PUT /sessions/{id} with a client-chosen UUID."),
         click.option("--log-level", default="info", type=click.Choice(LOG_LEVELS, case_sensitive=False), show_default=True),
         click.option("--no-ui", "no_ui", is_flag=True, help="Do not serve the web chat at /ui/."),
@@ -109,6 +140,8 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             max_wait=opts["max_wait"],
             max_interrupts=opts["max_interrupts"],
             max_waiters=max(1, opts["threads"] - RESERVED_THREADS),
+            store=opts["store"],
+            park_after=opts["park_after"],
         )
 
     return build
@@ -128,6 +161,7 @@ def start(**opts: Any) -> None:
     configure_logging(opts["log_level"])
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
+    opts["store"] = resolve_store(opts)
     warn_if_exposed(opts["host"], opts["api_keys"])
     sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
     run_gunicorn(

@@ -15,6 +15,7 @@ from motus.serve.cli import (
     check_agent_path,
     check_port_free,
     configure_logging,
+    resolve_store,
     server_factory,
     server_options,
     warn_if_exposed,
@@ -32,6 +33,7 @@ def serve_command(**opts: Any) -> None:
     configure_logging(opts["log_level"])
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
+    opts["store"] = resolve_store(opts)
     warn_if_exposed(opts["host"], opts["api_keys"])
     server = server_factory(opts)()
     server.start()

@@ -1,16 +1,9 @@
 """``interrupt()``: pause the running turn until a client posts a resume.
 
-This module holds the primitive and the wire messages exchanged between the server and a
-worker process over one duplex ``multiprocessing`` Pipe::
-
-    server                                   worker (one process, one turn)
-      Job(session_id, turn_id, message, state)  ->  run the agent
-                                      <-  Interrupt(interrupt_id, payload)   (any number)
-      Resume(interrupt_id, value)        ->  the awaiting future gets ``value``
-                                      <-  Result(response, state) | Failure(error)
-
-The wire messages are plain picklable dataclasses that reference no server object, so a
-turn could one day be re-driven from a journal.
+The wire messages live in ``motus.serve.protocol`` (re-exported here). On a replay the
+channel asks the turn's journal first: an interrupt that was answered before returns its
+recorded value at once, and one still unanswered is announced again under its original id,
+so a client never sees an interrupt id change.
 
 Module state (``_channel``) is safe to keep globally: a worker process runs exactly one
 turn, and the channel is installed before the agent starts. In any other process
@@ -31,11 +24,14 @@ import os
 import pickle
 import threading
 import uuid
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from motus.serve.journal import Journal, canonical_payload, unpack
 from motus.serve.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
+from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, Record, Result, Resume
+
+__all__ = ["interrupt", "Job", "Interrupt", "Resume", "Result", "Failure", "Record", "Ack", "MAX_INTERRUPT_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -44,48 +40,6 @@ MAX_INTERRUPT_BYTES = 16 * 1024
 
 #: How long a worker whose pipe closed may run its handlers before it ends itself.
 EXIT_GRACE_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Job:
-    """The one turn a worker process runs. ``message``/``state`` are JSON-ready dicts."""
-
-    session_id: str
-    turn_id: int
-    message: dict[str, Any]
-    state: list[dict[str, Any]]
-    max_interrupts: int = 0  # pending at once; 0 = no limit
-
-
-@dataclass(frozen=True)
-class Interrupt:
-    """Worker -> server: the agent paused; ``payload`` is the agent's dict, as given."""
-
-    interrupt_id: str
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Server -> worker: the client's reply to one interrupt."""
-
-    interrupt_id: str
-    value: Any
-
-
-@dataclass(frozen=True)
-class Result:
-    """Worker -> server: the turn completed. Both are JSON-ready dicts."""
-
-    response: dict[str, Any]
-    state: list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Worker -> server: the turn failed; ``error`` is what the session shows."""
-
-    error: str
 
 
 class _Channel:
@@ -97,33 +51,61 @@ class _Channel:
         self._loop = loop
         self._send_lock = threading.Lock()
         self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._acks: dict[int, asyncio.Future[None]] = {}
         self._closed = False  # set on the loop thread once EOF is seen
+        self.journal: Journal = Journal((), self)
         self._reader = threading.Thread(target=self._read_resumes, name="motus-resume-reader", daemon=True)
 
-    def start(self) -> None:
+    def start(self, journal: Journal) -> None:
+        self.journal = journal
         self._reader.start()
 
     def send(self, message: object) -> None:
         with self._send_lock:
             self._conn.send(message)
 
+    async def send_and_wait_ack(self, record: Record) -> None:
+        """Send a record and wait until the server says it is committed."""
+        if self._closed:
+            raise EOFError("Worker pipe closed")
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._acks[record.entry.seq] = future
+        try:
+            try:
+                self.send(record)
+            except OSError:
+                raise EOFError("Worker pipe closed") from None
+            await future
+        finally:
+            self._acks.pop(record.entry.seq, None)
+
     async def interrupt(self, payload: dict[str, Any]) -> Any:
         payload = _as_json_object(payload)
         if self._closed:
             raise EOFError("Worker pipe closed")
+        kind = payload.get("type")
+        recorded = self.journal.claim(INTERRUPT, canonical_payload(payload), f"{kind if isinstance(kind, str) else 'unknown'}")
+        if recorded is not None and recorded.done:
+            return unpack(recorded.value)  # answered before this replay: no pause at all
         if self._max_interrupts and len(self._pending) >= self._max_interrupts:
             raise RuntimeError(
                 f"Too many pending interrupts: this turn already waits on {len(self._pending)} "
                 f"(the server allows {self._max_interrupts}, see --max-interrupts); "
                 "wait for some to be resumed before raising more"
             )
-        message = Interrupt(interrupt_id=str(uuid.uuid4()), payload=payload)
+        if recorded is not None:  # still unanswered: wait again under its original id
+            message = Interrupt(interrupt_id=recorded.ref or str(uuid.uuid4()), payload=payload, seq=recorded.seq)
+        else:
+            message = Interrupt(interrupt_id=str(uuid.uuid4()), payload=payload, seq=0)
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) > MAX_INTERRUPT_BYTES:
             raise ValueError(
                 f"Interrupt message too large: {len(data)} bytes pickled, the limit is "
                 f"{MAX_INTERRUPT_BYTES} bytes. Upload large data elsewhere and pass a URL instead."
             )
+        if recorded is None:
+            message = Interrupt(interrupt_id=message.interrupt_id, payload=payload, seq=self.journal.new_seq())
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[message.interrupt_id] = future
         try:
@@ -138,7 +120,8 @@ class _Channel:
             self._pending.pop(message.interrupt_id, None)
 
     def _read_resumes(self) -> None:
-        """Reader thread: deliver resumes; on EOF fail every waiter and end the process."""
+        """Reader thread: deliver resumes and acks; on EOF fail every waiter and end the
+        process."""
         while True:
             try:
                 message = self._conn.recv()
@@ -146,15 +129,17 @@ class _Channel:
                 break
             if isinstance(message, Resume):
                 self._loop.call_soon_threadsafe(self._deliver, message)
+            elif isinstance(message, Ack):
+                self._loop.call_soon_threadsafe(self._acknowledge, message.seq)
             else:
                 log.warning("worker ignored unexpected message %r", type(message).__name__)
         try:
             self._loop.call_soon_threadsafe(self._fail_all)
         except RuntimeError:
             pass  # the loop already finished: the turn is over, nothing awaits a resume
-        # The server closed our pipe: the turn was cancelled or timed out. Give the agent a
-        # moment to run its handlers (finally blocks, except EOFError), then end for sure so
-        # no process outlives its turn even if the agent ignores the error.
+        # The server closed our pipe: the turn was cancelled, timed out or parked. Give the
+        # agent a moment to run its handlers (finally blocks, except EOFError), then end for
+        # sure so no process outlives its turn even if the agent ignores the error.
         threading.Event().wait(EXIT_GRACE_SECONDS)
         os._exit(1)
 
@@ -165,9 +150,14 @@ class _Channel:
             return
         future.set_result(message.value)
 
+    def _acknowledge(self, seq: int) -> None:
+        future = self._acks.get(seq)
+        if future is not None and not future.done():
+            future.set_result(None)
+
     def _fail_all(self) -> None:
         self._closed = True
-        for future in list(self._pending.values()):
+        for future in [*self._pending.values(), *self._acks.values()]:
             if not future.done():
                 future.set_exception(EOFError("Worker pipe closed"))
 

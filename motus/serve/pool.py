@@ -1,43 +1,44 @@
-"""Worker processes: one fresh process per turn, started ahead of need, watched by one thread.
+"""Worker processes: one fresh process per turn launch, started ahead of need, watched by one thread.
+
+This module is mechanism only: it starts processes, carries messages over their pipes and
+ends them. Which turn may run, when, and what a message means is policy, and belongs to
+``motus.serve.turns``.
 
 Data flow::
 
-    request threads                     manager thread (exactly one)            worker processes
-    ---------------                     ----------------------------            ----------------
-    submit(job) ──▶ _ready queue ─┐     wait(all conns + all sentinels          warm: blocked in
-    resume(value) ── send ──────────┼──▶      + wakeup pipe, next deadline)      conn.recv() for
-    cancel(turn) ── mark, wake ─────┘       │ Interrupt ──▶ listener              its one Job
-                                            │ Result/Failure ──▶ listener
-    spawner thread                          │ sentinel w/o result ──▶ "exited
-      keeps `warm` processes ready,         │      unexpectedly"
-      each for exactly one turn             │ deadlines: timeout, kill after
-                                            │      grace, reap
-    sender thread                           ▼
-      performs the sends the manager   listener (AgentServer) updates the sessions
-      decides on (a slot freed: start
-      the next queued turn)
+    turns (any thread)                  manager thread (exactly one)            worker processes
+    ------------------                  ----------------------------            ----------------
+    launch(job) ──▶ take a warm proc,   wait(all conns + all sentinels          warm: blocked in
+                    or queue for one    + wakeup pipe, next kill deadline)      conn.recv() for
+    send(handle, msg) ── pipe ──────────────┼──────────────────────────────▶    its one Job
+    stop(handle) ── close pipe, kill later  │ message ──▶ listener.worker_message
+    kill(handle) ── SIGKILL now (parking)   │ sentinel w/o Result/Failure ──▶
+                                            │      listener.worker_exited
+    spawner thread                          │ kill deadlines, reaping
+      keeps `warm` processes ready,         ▼
+      each for exactly one job
+    sender thread: the sends the manager decides on (a job whose process just arrived)
 
 Guarantees and rules:
 
 - Exactly one thread (the manager) calls ``recv()`` on worker connections and closes them,
   so a descriptor is never closed while it is being waited on. Other threads send, each send
-  serialised by the turn's ``send_lock``; a closed connection is never written to. No send
+  serialised by the handle's ``send_lock``; a closed connection is never written to. No send
   happens under a lock, and the manager never sends itself (the sender thread does), so a
   worker that stops reading blocks only the thread writing to it, never the server.
-- Compute slots: ``max_workers`` bounds the turns that are running code. A turn waiting on a
-  human is *parked* and holds no slot; when its last interrupt is resolved it queues for a
-  slot again (its final resume is delivered when it gets one). There is no thread per worker,
-  so the number of live (interrupted) turns is bounded only by memory.
-- Each worker process runs one turn, then exits; processes are started ahead of need from a
+- After ``stop`` or ``kill`` the listener hears nothing more from that handle: the caller has
+  already decided how the turn ends. A handle's process is never signalled after it is reaped.
+- ``stop`` closes the pipe: an agent awaiting ``interrupt()`` sees ``EOFError("Worker pipe
+  closed")`` and gets a short grace period to run its handlers; then its whole process group
+  is killed. ``kill`` (parking) ends the group at once: no handler runs, since the turn is not
+  over, only its process.
+- Each worker process runs one job, then exits; processes are started ahead of need from a
   forkserver with the agent module preloaded (spawn where forkserver is missing), so a turn
   does not pay for interpreter start-up and the threaded server is never forked.
-- Cancelling a turn (delete, timeout, shutdown) closes its pipe: an agent awaiting
-  ``interrupt()`` sees ``EOFError("Worker pipe closed")`` and gets a short grace period to run
-  its handlers; then the worker's whole process group is killed. No worker outlives the pool.
 - Listener callbacks run on the manager thread without the pool lock held.
 
-Lock order: the listener's own lock (AgentServer) may be held while calling into the pool;
-the pool never calls the listener while holding ``_lock``.
+Thread ownership: every ``Handle`` and ``_Warm`` field is guarded by ``WorkerPool._lock``,
+except ``conn`` writes (``send_lock``) and ``recv``/``close`` (manager thread only).
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 from motus.serve.agents import agent_module
-from motus.serve.interrupt import EXIT_GRACE_SECONDS, Failure, Interrupt, Job, Result, Resume
-from motus.serve.sessions import ServerUnavailable
+from motus.serve.errors import ServerUnavailable
+from motus.serve.interrupt import EXIT_GRACE_SECONDS
+from motus.serve.protocol import Failure, Job, Result
 from motus.serve.worker import worker_main
 
 log = logging.getLogger(__name__)
 
-#: After closing a cancelled turn's pipe, how long before its process group is killed.
+#: After closing a stopped turn's pipe, how long before its process group is killed.
 CANCEL_GRACE_SECONDS = EXIT_GRACE_SECONDS + 0.5
 #: A send still stuck this long when its pipe must close means the worker stopped reading.
 BLOCKED_SEND_SECONDS = 0.2
@@ -72,22 +74,15 @@ REFILL_IDLE_SECONDS = 0.02
 #: After a worker reported its outcome, how long it may take to exit before it is killed.
 REAP_GRACE_SECONDS = 5.0
 
-TIMED_OUT = "Agent timed out"
-CANCELLED = "Turn cancelled"
-EXITED = "Worker process exited unexpectedly"
+Sends = list[tuple["Handle", object]]
 
 
-Sends = list[tuple["Turn", "Job | Resume"]]
-
-
-class TurnListener(Protocol):
+class PoolListener(Protocol):
     """What the pool reports, always from the manager thread, never under the pool lock."""
 
-    def turn_interrupted(self, turn: Turn, interrupt: Interrupt) -> None: ...
+    def worker_message(self, handle: Handle, message: object) -> None: ...
 
-    def turn_completed(self, turn: Turn, result: Result) -> None: ...
-
-    def turn_failed(self, turn: Turn, error: str) -> None: ...
+    def worker_exited(self, handle: Handle) -> None: ...
 
 
 class PoolClosed(ServerUnavailable):
@@ -95,28 +90,21 @@ class PoolClosed(ServerUnavailable):
 
 
 @dataclass(eq=False)
-class Turn:
-    """One turn's process and pipe. Fields are guarded by ``WorkerPool._lock``."""
+class Handle:
+    """One launch of one turn: its process and pipe (a replay is a new handle)."""
 
     session_id: str
     turn_id: int
     job: Job
-    deadline: float | None
     process: BaseProcess | None = None
     conn: Connection | None = None
     send_lock: threading.Lock = field(default_factory=threading.Lock)
-    holds_slot: bool = False
-    parked: bool = False
-    finished: bool = False  # its outcome is decided (reported, or cancelled)
+    finished: bool = False  # outcome reported, or stopped/killed: the listener hears no more
     close_requested: bool = False
     conn_closed: bool = False
     close_blocked_since: float | None = None  # a sender held send_lock when we came to close
     reaped: bool = False  # its process has exited and been joined: never signal its pid again
     kill_at: float | None = None
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.session_id, self.turn_id)
 
 
 @dataclass(eq=False)
@@ -193,42 +181,35 @@ def _context(agent_module: str | None) -> multiprocessing.context.BaseContext:
 
 
 class WorkerPool:
-    """Runs turns in fresh worker processes; see the module docstring for the rules."""
+    """Runs jobs in fresh worker processes; see the module docstring for the rules."""
 
     def __init__(
         self,
-        listener: TurnListener,
+        listener: PoolListener,
         agent_path: str | None,
         agent_obj: Any = None,
-        max_workers: int = 0,
-        timeout: float = 0,
-        warm: int | None = None,
-        max_interrupts: int = 0,
+        warm: int = 2,
+        busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_workers = max_workers or (os.cpu_count() or 1)
-        self.timeout = timeout
-        self.max_interrupts = max_interrupts
-        # Enough warm processes for a burst of max_workers new turns, and as many again so a
-        # refill can wait until no turn is running (see _spawn_loop).
-        self.warm_target = warm if warm is not None else min(2 * self.max_workers, 16)
-        self.warm_low = min(self.warm_target, max(1, self.max_workers))
+        # Enough warm processes for a burst of new turns, and as many again so a refill can
+        # wait until no turn is running (see _should_spawn_locked).
+        self.warm_target = warm
+        self.warm_low = max(1, warm // 2)
         self._listener = listener
         self._agent_path = agent_path
         self._agent_obj = agent_obj
+        self._busy = busy
         self._clock = clock
         self._ctx = _context(agent_module(agent_path) if agent_path else None)
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # turns finished/parked, warm taken
-        self._turns: dict[tuple[str, int], Turn] = {}  # live turns (outcome not decided)
-        self._procs: dict[int, Turn | _Warm] = {}  # every process not yet reaped, by sentinel
-        self._ready: deque[tuple[Turn, Job | Resume]] = deque()
-        self._to_close: set[Turn] = set()  # turns whose pipe the manager must close
+        self._changed = threading.Condition(self._lock)  # warm taken, jobs waiting, stopping
+        self._procs: dict[int, Handle | _Warm] = {}  # every process not yet reaped, by sentinel
+        self._waiting: deque[Handle] = deque()  # launched, waiting for a warm process
+        self._to_close: set[Handle] = set()  # handles whose pipe the manager must close
         self._warm: deque[_Warm] = deque()
         self._spawning = 0
-        self._free_slots = self.max_workers
         self._last_dispatch = 0.0
-        self._closing = False
         self._stopped = False
         self._wakeup = _Wakeup()
         self._outbox: queue.SimpleQueue[Sends | None] = queue.SimpleQueue()
@@ -236,112 +217,61 @@ class WorkerPool:
         self._sender = threading.Thread(target=self._send_loop, name="motus-pool-sender", daemon=True)
         self._spawner = threading.Thread(target=self._spawn_loop, name="motus-pool-spawner", daemon=True)
 
-    # -- public API (request threads) ------------------------------------------------------
+    # -- public API (any thread) -------------------------------------------------------------
 
     def start(self) -> None:
         self._manager.start()
         self._spawner.start()
         self._sender.start()
 
-    def running_count(self) -> int:
+    def process_count(self) -> int:
+        """Processes this pool has started and not yet reaped (warm spares included)."""
         with self._lock:
-            return self.max_workers - self._free_slots
+            return len(self._procs) + len(self._warm)
 
-    def submit(self, session_id: str, turn_id: int, message: dict[str, Any], state: list[dict[str, Any]]) -> Sends:
-        """Queue a turn. Returns what to send; pass it to ``deliver`` once no lock is held."""
-        job = Job(session_id=session_id, turn_id=turn_id, message=message, state=state, max_interrupts=self.max_interrupts)
-        deadline = self._clock() + self.timeout if self.timeout else None
-        turn = Turn(session_id=session_id, turn_id=turn_id, job=job, deadline=deadline)
+    def launch(self, handle: Handle) -> None:
+        """Run ``handle.job`` in a fresh process now, or as soon as a warm one is ready."""
         with self._lock:
-            if self._closing:
+            if self._stopped:
                 raise PoolClosed("Server is shutting down")
-            self._turns[turn.key] = turn
-            self._ready.append((turn, job))
-            sends = self._pump()
-            self._changed.notify_all()  # a queued job may need the spawner
-        self._wakeup.wake()  # a new deadline, maybe a new connection to watch
-        return sends
+            self._waiting.append(handle)
+            sends = self._pump_locked()
+            self._changed.notify_all()  # a waiting job may need the spawner
+        self.deliver(sends)
 
-    def park(self, session_id: str, turn_id: int) -> Sends:
-        """The turn waits on a human: give its compute slot to the next turn.
-        Returns what to send (to ``deliver`` once no lock is held)."""
+    def send(self, handle: Handle, message: object) -> None:
+        """Send one message to a live handle (no lock may be held: a send can block)."""
+        self.deliver([(handle, message)])
+
+    def stop(self, handle: Handle) -> None:
+        """End a handle gracefully: close its pipe (the agent sees ``EOFError``), kill its
+        group after a grace period. The listener hears nothing more from it."""
         with self._lock:
-            turn = self._turns.get((session_id, turn_id))
-            if turn is None or turn.parked:
-                return []
-            turn.parked = True
-            if turn.holds_slot:
-                turn.holds_slot = False
-                self._free_slots += 1
-            self._changed.notify_all()
-            return self._pump()
-
-    def resume(self, session_id: str, turn_id: int, interrupt_id: str, value: Any, unpark: bool) -> Sends | None:
-        """Route a resume value. ``unpark``: it was the last pending one, so the turn needs a
-        compute slot again; the value then waits in the queue until one is free.
-
-        Returns what to send (pass it to ``deliver`` once no lock is held), or None when the
-        turn's worker is gone (it ended, failed or was cancelled).
-        """
-        message = Resume(interrupt_id=interrupt_id, value=value)
-        with self._lock:
-            turn = self._turns.get((session_id, turn_id))
-            if turn is None or turn.finished or turn.process is None:
-                return None
-            if unpark and turn.parked:
-                turn.parked = False
-                self._ready.append((turn, message))
-                return self._pump()
-            return [(turn, message)]
-
-    def cancel(self, session_id: str, turn_id: int) -> Sends:
-        """End a turn now (its session was deleted); no listener event follows. Returns what
-        to send to the turns that got its slot (to ``deliver`` once no lock is held)."""
-        with self._lock:
-            turn = self._turns.get((session_id, turn_id))
-            if turn is None:
-                return []
-            self._finish_locked(turn, cancel=True)
-            sends = self._pump()
+            self._finish_locked(handle, grace=CANCEL_GRACE_SECONDS)
         self._wakeup.wake()
-        return sends
 
-    def shutdown(self, timeout: float = 0) -> None:
-        """Stop: let running turns finish for ``timeout`` seconds (0 = as long as they take),
-        cancel the rest and every turn waiting on a human ("Turn cancelled"), end all
-        processes and threads. Idempotent."""
+    def kill(self, handle: Handle) -> None:
+        """End a handle now, with no grace and no handler run (parking)."""
         with self._lock:
-            already = self._closing
-            self._closing = True
-            self._changed.notify_all()
-        if already:
-            self._join()
-            return
-        deadline = self._clock() + timeout if timeout else None
+            self._finish_locked(handle, grace=0.0)
+        self._wakeup.wake()
+
+    def shutdown(self) -> None:
+        """Kill what is left, end every process and thread. Idempotent. The caller has
+        already stopped or killed the handles it cares about."""
         with self._lock:
-            while True:
-                self._cancel_parked_locked()
-                busy = [t for t in self._turns.values() if not t.parked]
-                if not busy:
-                    break
-                remaining = None if deadline is None else deadline - self._clock()
-                if remaining is not None and remaining <= 0:
-                    break
-                self._changed.wait(remaining)
-            cancelled = [t for t in self._turns.values()]
-            for turn in cancelled:
-                self._finish_locked(turn, cancel=True)
             self._stopped = True
+            for handle in list(self._waiting):
+                handle.finished = True
+            self._waiting.clear()
+            for item in self._procs.values():
+                if isinstance(item, Handle):
+                    self._finish_locked(item, grace=CANCEL_GRACE_SECONDS)
             for warm in self._warm:
                 self._procs[warm.process.sentinel] = warm
             self._warm.clear()
             self._changed.notify_all()
-        for turn in cancelled:
-            self._report(self._listener.turn_failed, turn, CANCELLED)
         self._wakeup.wake()
-        self._join()
-
-    def _join(self) -> None:
         if self._spawner.is_alive():
             self._spawner.join()
         if self._manager.is_alive():
@@ -363,57 +293,33 @@ class WorkerPool:
 
     # -- internals (under _lock unless said otherwise) -----------------------------------
 
-    def _cancel_parked_locked(self) -> None:
-        parked = [t for t in self._turns.values() if t.parked]
-        for turn in parked:
-            self._finish_locked(turn, cancel=True)
-        if parked:
-            self._wakeup.wake()
-            # Report outside the lock: temporarily release it.
-            self._lock.release()
-            try:
-                for turn in parked:
-                    self._report(self._listener.turn_failed, turn, CANCELLED)
-            finally:
-                self._lock.acquire()
-
-    def _finish_locked(self, turn: Turn, cancel: bool) -> None:
-        """Decide the turn's outcome: release its slot; on cancel, close its pipe soon."""
-        if turn.finished:
+    def _finish_locked(self, handle: Handle, grace: float) -> None:
+        if handle.finished:
             return
-        turn.finished = True
-        self._turns.pop(turn.key, None)
-        if turn.holds_slot:
-            turn.holds_slot = False
-            self._free_slots += 1
-        turn.parked = False
-        if turn.process is None:
-            return  # still queued: nothing started
-        self._request_close_locked(turn)
-        turn.kill_at = self._clock() + (CANCEL_GRACE_SECONDS if cancel else REAP_GRACE_SECONDS)
-        self._changed.notify_all()
+        handle.finished = True
+        if handle.process is None:
+            if handle in self._waiting:
+                self._waiting.remove(handle)
+            return  # still waiting for a process: nothing started
+        self._request_close_locked(handle)
+        if not handle.reaped:
+            if grace <= 0:
+                _kill_group(handle.process)
+            handle.kill_at = self._clock() + (grace if grace > 0 else REAP_GRACE_SECONDS)
 
-    def _pump(self) -> list[tuple[Turn, Job | Resume]]:
-        """Hand free slots to queued work. Returns the sends to perform after unlocking."""
-        sends: list[tuple[Turn, Job | Resume]] = []
-        while self._free_slots > 0 and self._ready:
-            turn, message = self._ready[0]
-            if turn.finished:
-                self._ready.popleft()
-                continue
-            if isinstance(message, Job):
-                warm = self._take_warm_locked()
-                if warm is None:
-                    break
-                turn.process, turn.conn = warm.process, warm.conn
-                self._procs[warm.process.sentinel] = turn
-            self._ready.popleft()
-            self._free_slots -= 1
-            turn.holds_slot = True
-            sends.append((turn, message))
+    def _pump_locked(self) -> Sends:
+        """Give warm processes to waiting jobs. Returns the sends to perform after unlocking."""
+        sends: Sends = []
+        while self._waiting:
+            warm = self._take_warm_locked()
+            if warm is None:
+                break
+            handle = self._waiting.popleft()
+            handle.process, handle.conn = warm.process, warm.conn
+            self._procs[warm.process.sentinel] = handle
+            sends.append((handle, handle.job))
         if sends:
             self._last_dispatch = self._clock()
-            self._changed.notify_all()
         return sends
 
     def _take_warm_locked(self) -> _Warm | None:
@@ -431,47 +337,46 @@ class WorkerPool:
         reading, and must never stall other sessions. On the manager thread the sends are
         handed to the sender thread instead, so the manager never blocks. A dead pipe is left
         to the manager (the sentinel reports how the worker ended); a message that cannot be
-        pickled fails its turn rather than leaving it waiting for a value that never comes."""
+        pickled is reported to the listener as the turn's ``Failure``."""
         if not sends:
             return
         if threading.current_thread() is self._manager:
             self._outbox.put(sends)
             return
         started = False
-        for turn, message in sends:
+        for handle, message in sends:
             undeliverable = None
-            with turn.send_lock:
-                if turn.conn is None or turn.conn_closed:
+            with handle.send_lock:
+                if handle.conn is None or handle.conn_closed:
                     continue
                 try:
-                    turn.conn.send(message)
+                    handle.conn.send(message)
                 except OSError as exc:
-                    log.info("worker of session %s is gone (%s); its sentinel will say how", turn.session_id, exc)
+                    log.info("worker of session %s is gone (%s); its sentinel will say how", handle.session_id, exc)
                 except Exception as exc:  # pickling: recursion, an unpicklable value
                     undeliverable = f"Could not deliver {type(message).__name__} to the agent: {type(exc).__name__}: {exc}"
             if undeliverable is not None:
-                log.warning("session %s: %s", turn.session_id, undeliverable)
-                self._fail(turn, undeliverable)
+                log.warning("session %s: %s", handle.session_id, undeliverable)
+                self._report_outcome(handle, Failure(error=undeliverable))
             started = started or isinstance(message, Job)
         if started:
             self._wakeup.wake()
 
-    def _fail(self, turn: Turn, error: str) -> None:
-        """End a live turn from any thread (no lock held) and report it failed."""
+    def _report_outcome(self, handle: Handle, outcome: Result | Failure) -> None:
+        """The turn's outcome is known: end the handle (the process exits by itself) and tell
+        the listener once. Any thread, no lock held."""
         with self._lock:
-            if turn.finished:
+            if handle.finished:
                 return
-            self._finish_locked(turn, cancel=True)
-            sends = self._pump()
+            self._finish_locked(handle, grace=REAP_GRACE_SECONDS)
         self._wakeup.wake()
-        self.deliver(sends)
-        self._report(self._listener.turn_failed, turn, error)
+        self._report(self._listener.worker_message, handle, outcome)
 
-    def _report(self, callback: Callable[..., None], turn: Turn, arg: Any) -> None:
+    def _report(self, callback: Callable[..., None], handle: Handle, *args: Any) -> None:
         try:
-            callback(turn, arg)
+            callback(handle, *args)
         except Exception:
-            log.exception("turn listener failed for session %s", turn.session_id)
+            log.exception("pool listener failed for session %s", handle.session_id)
 
     # -- spawner thread -----------------------------------------------------------------
 
@@ -481,17 +386,18 @@ class WorkerPool:
         Starting a process costs about a millisecond of this process' time (under the GIL)
         and several more of CPU in the forkserver and the child, which on a small machine
         slows the turn that is running. So: refill at once only below the low-water mark
-        (a burst could find no process) or when a queued turn needs one; otherwise wait
+        (a burst could find no process) or when a launched job waits for one; otherwise wait
         until no turn has been running code for ``REFILL_IDLE_SECONDS``.
         """
         have = len(self._warm) + self._spawning
+        if self._waiting and have < len(self._waiting) + self.warm_low:
+            return True, None
         if have >= self.warm_target:
             return False, None
-        waiting = any(isinstance(message, Job) for _, message in self._ready)
-        if have < self.warm_low or waiting:
+        if have < self.warm_low:
             return True, None
-        if self._free_slots < self.max_workers:
-            return False, None  # a turn is running: wait for it to end (we are notified)
+        if self._busy():
+            return False, 0.05  # a turn is running code: ask again soon
         idle_for = self._clock() - self._last_dispatch
         if idle_for >= REFILL_IDLE_SECONDS:
             return True, None
@@ -520,10 +426,10 @@ class WorkerPool:
                     continue
                 if self._stopped:
                     self._procs[warm.process.sentinel] = warm
-                    sends: list[tuple[Turn, Job | Resume]] = []
+                    sends: Sends = []
                 else:
                     self._warm.append(warm)
-                    sends = self._pump()
+                    sends = self._pump_locked()
             self.deliver(sends)
             self._wakeup.wake()
 
@@ -566,9 +472,9 @@ class WorkerPool:
                 for warm in self._warm:
                     warm.conn.close()
                 return False
-            readers: dict[Any, Turn] = {}
+            readers: dict[Any, Handle] = {}
             for item in self._procs.values():
-                if isinstance(item, Turn) and item.conn is not None and not item.conn_closed and not item.close_requested:
+                if isinstance(item, Handle) and item.conn is not None and not item.conn_closed and not item.close_requested:
                     readers[item.conn] = item
             sentinels = dict(self._procs)
             timeout = self._next_deadline_locked()
@@ -584,91 +490,70 @@ class WorkerPool:
         self._check_deadlines()
         return True
 
-    def _request_close_locked(self, turn: Turn) -> None:
-        turn.close_requested = True
-        if not turn.conn_closed:
-            self._to_close.add(turn)
+    def _request_close_locked(self, handle: Handle) -> None:
+        handle.close_requested = True
+        if not handle.conn_closed:
+            self._to_close.add(handle)
 
     def _close_requested_locked(self) -> None:
-        """Close the pipes of ended turns (manager thread only).
+        """Close the pipes of ended handles (manager thread only).
 
-        Never waits for a turn's ``send_lock`` while holding the pool lock: if a request
-        thread is blocked sending to a worker that stopped reading, kill the worker's
-        process group instead, which fails that send with EPIPE, and close on a later pass.
+        Never waits for a handle's ``send_lock`` while holding the pool lock: if a thread is
+        blocked sending to a worker that stopped reading, kill the worker's process group
+        instead, which fails that send with EPIPE, and close on a later pass.
         """
         now = self._clock()
-        for turn in list(self._to_close):
-            if turn.conn_closed:
-                self._to_close.discard(turn)
-            elif turn.send_lock.acquire(blocking=False):
+        for handle in list(self._to_close):
+            if handle.conn_closed:
+                self._to_close.discard(handle)
+            elif handle.send_lock.acquire(blocking=False):
                 try:
-                    turn.conn_closed = True
-                    if turn.conn is not None:
-                        turn.conn.close()
+                    handle.conn_closed = True
+                    if handle.conn is not None:
+                        handle.conn.close()
                 finally:
-                    turn.send_lock.release()
-                self._to_close.discard(turn)
-            elif turn.close_blocked_since is None:
-                turn.close_blocked_since = now  # usually a send that ends in microseconds
-            elif now - turn.close_blocked_since > BLOCKED_SEND_SECONDS and not turn.reaped:
-                _kill_group(turn.process)  # the worker stopped reading: EPIPE frees the sender
+                    handle.send_lock.release()
+                self._to_close.discard(handle)
+            elif handle.close_blocked_since is None:
+                handle.close_blocked_since = now  # usually a send that ends in microseconds
+            elif now - handle.close_blocked_since > BLOCKED_SEND_SECONDS and not handle.reaped:
+                _kill_group(handle.process)  # the worker stopped reading: EPIPE frees the sender
         for item in list(self._procs.values()):
             if isinstance(item, _Warm) and self._stopped and not item.conn.closed:
                 item.conn.close()
                 item.kill_at = self._clock() + CANCEL_GRACE_SECONDS
 
     def _next_deadline_locked(self) -> float | None:
-        deadlines = []
-        for turn in self._turns.values():
-            if turn.deadline is not None:
-                deadlines.append(turn.deadline)
-        for item in self._procs.values():
-            if item.kill_at is not None:
-                deadlines.append(item.kill_at)
+        deadlines = [item.kill_at for item in self._procs.values() if item.kill_at is not None]
         if self._to_close:
             deadlines.append(self._clock() + 0.02)  # a close waits on a blocked sender
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - self._clock())
 
-    def _receive(self, turn: Turn) -> None:
+    def _receive(self, handle: Handle) -> None:
         """Read one message from a worker (manager thread only)."""
         try:
-            message = turn.conn.recv()  # type: ignore[union-attr]
+            message = handle.conn.recv()  # type: ignore[union-attr]
         except (EOFError, OSError):
             with self._lock:
                 # The worker closed its end; its sentinel reports how it ended.
-                self._request_close_locked(turn)
+                self._request_close_locked(handle)
                 self._close_requested_locked()
             return
         except Exception as exc:  # an unpicklable message from the agent's process
             message = Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
-        self._handle(turn, message)
-
-    def _handle(self, turn: Turn, message: object) -> None:
-        with self._lock:
-            if turn.finished:
-                return
-            if isinstance(message, Interrupt):
-                pass
-            elif isinstance(message, (Result, Failure)):
-                self._finish_locked(turn, cancel=False)
-                sends = self._pump()
-            else:
-                log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, turn.session_id)
-                return
-        if isinstance(message, Interrupt):
-            self._report(self._listener.turn_interrupted, turn, message)
+        if isinstance(message, (Result, Failure)):
+            self._report_outcome(handle, message)
             return
-        self.deliver(sends)
-        if isinstance(message, Result):
-            self._report(self._listener.turn_completed, turn, message)
-        else:
-            self._report(self._listener.turn_failed, turn, message.error)  # type: ignore[union-attr]
+        with self._lock:
+            if handle.finished:
+                return
+        self._report(self._listener.worker_message, handle, message)
 
-    def _reap(self, item: Turn | _Warm) -> None:
+    def _reap(self, item: Handle | _Warm) -> None:
         """A process exited: report a turn that never said how it ended, then forget it."""
-        if isinstance(item, Turn):
+        if isinstance(item, Handle):
             with self._lock:
                 unfinished = not item.finished
             if unfinished and item.conn is not None and not item.conn_closed:
@@ -678,47 +563,36 @@ class WorkerPool:
                         self._receive(item)
                         if item.conn_closed:
                             break
-                except (OSError, EOFError, ValueError):
-                    pass  # nothing more to read: treated as exiting without a result below
+                except (OSError, EOFError, ValueError) as exc:
+                    log.debug("nothing more to read from session %s's worker: %s", item.session_id, exc)
             with self._lock:
                 report = not item.finished
                 if report:
-                    self._finish_locked(item, cancel=False)
-                    sends = self._pump()
+                    self._finish_locked(item, grace=REAP_GRACE_SECONDS)
             if report:
-                self.deliver(sends)
-                self._report(self._listener.turn_failed, item, EXITED)
+                self._report(self._listener.worker_exited, item)
         with self._lock:
             self._procs.pop(item.process.sentinel, None)  # type: ignore[union-attr]
-            if isinstance(item, Turn):
+            if isinstance(item, Handle):
                 self._request_close_locked(item)
                 self._close_requested_locked()
             elif not item.conn.closed:
                 item.conn.close()
         _kill_group(item.process, only_group=True)  # whatever the agent left in its group
-        item.process.join(timeout=1)
+        item.process.join(timeout=1)  # type: ignore[union-attr]
         with self._lock:
-            if isinstance(item, Turn):
+            if isinstance(item, Handle):
                 item.reaped = True
-            item.process.close()
+            item.process.close()  # type: ignore[union-attr]
 
     def _check_deadlines(self) -> None:
         now = self._clock()
-        timed_out = []
         to_kill = []
         with self._lock:
-            for turn in list(self._turns.values()):
-                if turn.deadline is not None and turn.deadline <= now:
-                    self._finish_locked(turn, cancel=True)
-                    timed_out.append(turn)
             for item in self._procs.values():
                 if item.kill_at is not None and item.kill_at <= now:
                     to_kill.append(item.process)
                     item.kill_at = None
-            sends = self._pump() if timed_out else []
-        self.deliver(sends)
-        for turn in timed_out:
-            self._report(self._listener.turn_failed, turn, TIMED_OUT)
         for process in to_kill:
             _kill_group(process)
 

@@ -87,6 +87,9 @@ class HealthResponse(BaseModel):
     max_workers: int
     running_workers: int
     total_sessions: int
+    store: str = "memory"
+    live_turns: int = 0
+    parked_turns: int = 0
 
 
 class ErrorResponse(BaseModel):

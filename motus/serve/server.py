@@ -1,14 +1,11 @@
-"""``AgentServer``: configuration, and the glue between the session store and the pool.
+"""``AgentServer``: configuration and lifecycle. The turns themselves live in ``turns.py``.
 
-It owns one ``SessionStore``, one ``WorkerPool``, one ``WebhookSender`` and one housekeeping
-thread (TTL sweeps). Nothing starts in ``__init__``: the pool, its threads and the forkserver
-start in ``start()``, called lazily by the first request or eagerly by the process that
-serves (after gunicorn forks its worker), never in a process that merely imports the app.
-
-Consistency between the store and the pool: a turn's status change and the matching pool
-action (park a turn that waits on a human; queue the final resume for a compute slot) happen
-together under ``_turn_lock``, so a fast resume can never be overtaken by the park of the
-interrupt it answers. Lock order: ``_turn_lock`` -> pool lock -> store lock.
+It owns one ``Store`` (``--store``), one ``Events``, one ``Turns`` (every session and the
+state machine of its turn), one ``WorkerPool`` and one ``WebhookSender``. Nothing starts in
+``__init__``: the store is opened, sessions are recovered from it, and the pool, its threads
+and the forkserver start in ``start()``, called eagerly by the process that serves (after
+gunicorn forks its worker) or lazily by the first request, never in a process that merely
+imports the app.
 """
 
 from __future__ import annotations
@@ -24,16 +21,11 @@ from flask import Flask
 
 from motus.serve.agents import check_agent, load_agent
 from motus.serve.auth import ApiKeys
-from motus.serve.interrupt import Interrupt, Result
-from motus.serve.pool import CANCELLED, PoolClosed, Turn, WorkerPool
-from motus.serve.sessions import (
-    NOT_WAITING,
-    InterruptNotPending,
-    PendingInterrupt,
-    ServerUnavailable,
-    SessionStatus,
-    SessionStore,
-)
+from motus.serve.errors import ServerUnavailable
+from motus.serve.events import Events
+from motus.serve.pool import PoolClosed, WorkerPool
+from motus.serve.store import Store, StoreError, default_store_url, store_from_url
+from motus.serve.turns import SessionStatus, Turns
 from motus.serve.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -44,6 +36,10 @@ DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_WAIT_SECONDS = 300.0
 #: One turn may wait on at most this many interrupts at once.
 DEFAULT_MAX_INTERRUPTS = 64
+#: How long running turns may take to finish when the server stops.
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+#: With a durable store, a turn waiting on a person is parked after this many seconds.
+DEFAULT_PARK_AFTER = 30.0
 
 
 class AgentServer:
@@ -51,6 +47,10 @@ class AgentServer:
 
     ``agent`` is an import path ``"module:attr"`` (preferred: workers preload the module) or
     the agent object itself (it must then be picklable, e.g. a module-level function).
+    ``store`` is a store URL (``memory``, ``sqlite:///PATH``) or a ``Store``; the default is
+    ``sqlite:///.motus/<module>.<attr>.sqlite3`` for an import path, memory for an object.
+    ``park_after``: seconds a turn waits on a person before its process is ended (``None``
+    = never); the default is 30 s with a durable store and never with ``memory``.
     """
 
     def __init__(
@@ -60,7 +60,7 @@ class AgentServer:
         ttl: float = 0,
         timeout: float = 0,
         max_sessions: int = 0,
-        shutdown_timeout: float = 0,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         allow_custom_ids: bool = False,
         ui: bool = True,
         warm_workers: int | None = None,
@@ -69,6 +69,8 @@ class AgentServer:
         max_wait: float = DEFAULT_MAX_WAIT_SECONDS,
         max_interrupts: int = DEFAULT_MAX_INTERRUPTS,
         max_waiters: int = 0,
+        store: str | Store | None = None,
+        park_after: float | None | str = "default",
     ) -> None:
         if isinstance(agent, str):
             load_agent(agent)  # a bad path is a clear error now, not at the first turn
@@ -93,15 +95,29 @@ class AgentServer:
         # once with the current state instead of waiting, so polls can never starve the
         # threads that resumes and health checks need. 0 = no cap.
         self.waiters = threading.BoundedSemaphore(max_waiters) if max_waiters else None
-        self.store = SessionStore(max_sessions=max_sessions, ttl=ttl)
+        if store is None:
+            store = default_store_url(self.agent_path)
+        self.store: Store = store_from_url(store) if isinstance(store, str) else store
+        if park_after == "default":
+            park_after = DEFAULT_PARK_AFTER if self.store.durable else None
+        self.park_after: float | None = park_after  # type: ignore[assignment]
+        self.events = Events()
         self.webhooks = WebhookSender()
-        self._turn_lock = threading.Lock()
+        self.turns = Turns(
+            self.store,
+            self.events,
+            max_workers=self.max_workers,
+            timeout=timeout,
+            park_after=self.park_after,
+            max_sessions=max_sessions,
+            ttl=ttl,
+            max_interrupts=max_interrupts,
+            on_end=self.webhooks.send,
+        )
         self._start_lock = threading.Lock()
         self._pool: WorkerPool | None = None
         self._started_pid: int | None = None
-        self._stopping = threading.Event()
         self._stopped = False
-        self._housekeeper: threading.Thread | None = None
         self._app: Flask | None = None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -120,7 +136,9 @@ class AgentServer:
         return self.start()
 
     def start(self) -> WorkerPool:
-        """Start the pool and housekeeping in this process (idempotent, thread-safe)."""
+        """Open the store, recover its sessions, start the pool and housekeeping in this
+        process (idempotent, thread-safe). A store that cannot be opened is a
+        ``StoreError`` (the CLI checks it before serving, so this is rare)."""
         with self._start_lock:
             if self._pool is not None:
                 if self._started_pid != os.getpid():
@@ -129,24 +147,29 @@ class AgentServer:
             if self._stopped:
                 raise PoolClosed("Server is shutting down")
             self._claim_process()
+            try:
+                self.store.open()
+            except StoreError as exc:
+                log.error("%s", exc)
+                raise ServerUnavailable(str(exc)) from None
+            replays = self.turns.recover()
             pool = WorkerPool(
-                listener=self,
+                listener=self.turns,
                 agent_path=self.agent_path,
                 agent_obj=self._agent_obj,
-                max_workers=self.max_workers,
-                timeout=self.timeout,
-                warm=self.warm_workers,
-                max_interrupts=self.max_interrupts,
+                warm=self.warm_workers if self.warm_workers is not None else min(2 * self.max_workers, 16),
+                busy=self.turns.busy,
             )
             _raise_open_file_limit()
             pool.start()
             self._pool = pool
             self._started_pid = os.getpid()
-            if self.ttl:
-                self._housekeeper = threading.Thread(target=self._sweep_loop, name="motus-ttl-sweeper", daemon=True)
-                self._housekeeper.start()
+            self.turns.start(pool)
             atexit.register(self.shutdown)
-            log.info("serving %s with %d worker slots", self.agent_path or self._agent_obj, self.max_workers)
+            log.info(
+                "serving %s with %d worker slots, store %s (%d sessions, %d turns to replay)",
+                self.agent_path or self._agent_obj, self.max_workers, self.store.url, len(self.turns), replays,
+            )
             return pool
 
     @staticmethod
@@ -164,99 +187,47 @@ class AgentServer:
 
     def begin_shutdown(self) -> None:
         """Release long polls and refuse new work at once (safe to call from any thread)."""
-        self._stopping.set()
-        self.store.close()
+        self.turns.begin_shutdown()
 
     def shutdown(self) -> None:
-        """Stop: in-flight turns get ``shutdown_timeout`` seconds (0 = as long as they need);
-        turns waiting on a human are cancelled at once, since nobody can resume them any more.
-        Idempotent."""
+        """Stop. Turns waiting on a person are parked in a durable store (cancelled with
+        ``memory``); running turns get ``shutdown_timeout`` seconds, then are left to be
+        replayed at the next start (cancelled with ``memory``). Idempotent."""
         self.begin_shutdown()
         with self._start_lock:
             self._stopped = True
             pool = self._pool
         if pool is not None and self._started_pid == os.getpid():
-            pool.shutdown(self.shutdown_timeout)
-        if self._housekeeper is not None:
-            self._housekeeper.join()
+            self.turns.shutdown(self.shutdown_timeout)
+            pool.shutdown()
+            self.store.close()
         self.webhooks.close()
         atexit.unregister(self.shutdown)
-
-    def _sweep_loop(self) -> None:
-        interval = min(max(self.ttl / 4, 0.05), 5.0)
-        while not self._stopping.wait(interval):
-            try:
-                removed = self.store.sweep()
-            except Exception:
-                log.exception("TTL sweep failed")
-                continue
-            if removed:
-                log.info("TTL sweep removed %d idle or errored sessions", len(removed))
 
     # -- operations used by the views -------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        running = self._pool.running_count() if self._pool is not None else 0
+        counts = self.turns.counts()
         return {
             "status": "ok",
             "max_workers": self.max_workers,
-            "running_workers": running,
-            "total_sessions": len(self.store),
+            "running_workers": counts["running_workers"],
+            "total_sessions": len(self.turns),
+            "store": self.store.kind,
+            "live_turns": counts["live_turns"],
+            "parked_turns": counts["parked_turns"],
         }
 
     def send_message(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None) -> None:
-        pool = self.pool
-        with self._turn_lock:
-            turn_id, state = self.store.start_turn(session_id, message, webhook)
-            try:
-                sends = pool.submit(session_id, turn_id, message, state)
-            except PoolClosed:
-                self.store.fail_turn(session_id, turn_id, CANCELLED)
-                raise
-        pool.deliver(sends)  # never under _turn_lock: a send may block on a slow worker
+        self.start()
+        self.turns.start_turn(session_id, message, webhook)
 
     def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionStatus:
-        """Deliver one resume; returns the status it left the session in (``running`` once
-        every pending interrupt is resolved, else ``interrupted``), whatever happened since."""
-        pool = self.pool
-        with self._turn_lock:
-            turn_id, all_resolved = self.store.take_interrupt(session_id, interrupt_id)
-            sends = pool.resume(session_id, turn_id, interrupt_id, value, unpark=all_resolved)
-            if sends is None:
-                self.store.retire_interrupt(session_id, interrupt_id, "its worker had already ended")
-        if sends is None:
-            raise InterruptNotPending(f"{NOT_WAITING}: the worker of interrupt {interrupt_id} has ended")
-        pool.deliver(sends)
-        return SessionStatus.RUNNING if all_resolved else SessionStatus.INTERRUPTED
+        self.start()
+        return self.turns.resume(session_id, interrupt_id, value)
 
     def delete(self, session_id: str) -> None:
-        with self._turn_lock:
-            live_turn = self.store.delete(session_id)
-            sends = self._pool.cancel(session_id, live_turn) if live_turn is not None and self._pool is not None else []
-        if sends and self._pool is not None:
-            self._pool.deliver(sends)
-
-    # -- TurnListener (the pool's manager thread) --------------------------------------
-
-    def turn_interrupted(self, turn: Turn, interrupt: Interrupt) -> None:
-        pending = PendingInterrupt(interrupt_id=interrupt.interrupt_id, payload=interrupt.payload)
-        with self._turn_lock:
-            became = self.store.interrupt_turn(turn.session_id, turn.turn_id, pending)
-            sends = self._pool.park(turn.session_id, turn.turn_id) if became and self._pool is not None else []
-        if sends and self._pool is not None:
-            self._pool.deliver(sends)
-
-    def turn_completed(self, turn: Turn, result: Result) -> None:
-        end = self.store.complete_turn(turn.session_id, turn.turn_id, result.response, result.state)
-        if end is not None:
-            self.webhooks.send(end)
-
-    def turn_failed(self, turn: Turn, error: str) -> None:
-        end = self.store.fail_turn(turn.session_id, turn.turn_id, error)
-        if end is not None:
-            if end.status is SessionStatus.ERROR:
-                log.info("turn %s of session %s failed: %s", turn.turn_id, turn.session_id, _last_line(error))
-            self.webhooks.send(end)
+        self.turns.delete(session_id)
 
     # -- running it -------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import requests
 
-from motus.serve.sessions import TurnEnd
+from motus.serve.turns import TurnEnd
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,9 @@ from typing import Any
 from motus.models import ChatMessage
 from motus.serve import interrupt as interrupt_module
 from motus.serve.agents import check_turn_result, load_agent, run_agent_turn
-from motus.serve.interrupt import Failure, Job, Result
+from motus.serve import journal as journal_module
+from motus.serve.journal import Journal
+from motus.serve.protocol import Failure, Job, Result
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ def worker_main(conn: Connection, agent_path: str | None, agent_obj: Any = None)
         _run_on(loop, _run_and_report(conn, agent, job))
     finally:
         interrupt_module._install(None)
+        journal_module._install(None)
 
 
 async def _run_and_report(conn: Connection, agent: Any, job: Job) -> None:
@@ -112,8 +115,10 @@ def _run_on(loop: asyncio.AbstractEventLoop, main: Any) -> Any:
 
 async def _run_job(conn: Connection, agent: Any, job: Job) -> Result | Failure:
     channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts)
+    journal = Journal(job.journal, channel)
     interrupt_module._install(channel)
-    channel.start()
+    journal_module._install(journal)
+    channel.start(journal)
     try:
         message = ChatMessage.model_validate(job.message)
         state = [ChatMessage.model_validate(item) for item in job.state]
@@ -121,7 +126,12 @@ async def _run_job(conn: Connection, agent: Any, job: Job) -> Result | Failure:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the agent's own failure (SystemExit too): show its traceback
+        if journal.diverged is not None:
+            return Failure(error=str(journal.diverged))
         return Failure(error=format_agent_traceback(exc))
+    journal.finish()
+    if journal.diverged is not None:  # the agent caught it, or never reached a record
+        return Failure(error=str(journal.diverged))
     try:
         response, new_state = check_turn_result(returned)
     except TypeError as exc:

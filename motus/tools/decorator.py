@@ -38,6 +38,9 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from motus.guardrails import GuardrailTripped, Guardrail, run_tool_input_guardrails, run_tool_output_guardrails
+from motus.serve.journal import OutcomeUnknown, ReplayDiverged, digest
+from motus.serve.journal import current as current_journal
+from motus.serve.protocol import TOOL
 from motus.tools.approval import EditedArguments, approval_gate
 from motus.tools.schema import (
     ToolArgumentsError,
@@ -170,6 +173,17 @@ class Tool:
             result = await result
         return result
 
+    async def _journaled_call(self, arguments: dict[str, Any]) -> Any:
+        """Run the body through the turn's journal: a replay returns the recorded result,
+        and a gated tool's body never runs twice (see ``motus.serve.journal``)."""
+        journal = current_journal()
+        if journal is None:
+            return await self._call_function(arguments)
+        key = f"{self.name}:{digest(to_jsonable_python(arguments, fallback=repr))}"
+        return await journal.call(
+            TOOL, key, self.name, lambda: self._call_function(arguments), gated=bool(self.requires_approval)
+        )
+
     async def invoke(self, arguments: str | dict[str, Any] | None) -> str:
         """Run one model call of this tool and return the text the model reads.
 
@@ -188,9 +202,11 @@ class Tool:
                 if patched != validated:
                     validated = self._validated(patched, edited=edited)
             try:
-                result = await self._call_function(validated)
-            except (GuardrailTripped, EOFError):
+                result = await self._journaled_call(validated)
+            except (GuardrailTripped, EOFError, ReplayDiverged):
                 raise
+            except OutcomeUnknown as unknown:
+                raise _Outcome(str(unknown)) from None
             except Exception as exc:  # the model may recover from a failing tool: tell it why
                 if _raised_by_interrupt(exc):
                     raise

@@ -426,7 +426,8 @@ def test_custom_ids_and_session_limit(start_server) -> None:
 def test_health(server: Server) -> None:
     body = server.get("/health").json()
     assert body["status"] == "ok" and body["max_workers"] == 2
-    assert set(body) == {"status", "max_workers", "running_workers", "total_sessions"}
+    assert set(body) == {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns"}
+    assert body["store"] == "memory"
 
 
 def test_long_poll_times_out_while_running(server: Server) -> None:

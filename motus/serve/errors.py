@@ -1,0 +1,66 @@
+"""Every domain error the server raises, with the HTTP status and the ``detail`` a client sees.
+
+The app registers one handler for ``ServeError``; views and the turn machinery raise these
+and never build error responses themselves.
+"""
+
+from __future__ import annotations
+
+
+class ServeError(Exception):
+    """A domain error with the HTTP status and the ``detail`` a client should see."""
+
+    status_code = 400
+
+    def __init__(self, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class BadRequest(ServeError):
+    status_code = 400
+
+
+class Unauthorized(ServeError):
+    status_code = 401
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="motus"'})
+
+
+class SessionNotFound(ServeError):
+    status_code = 404
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"Session {session_id} not found")
+
+
+class InterruptNotPending(ServeError):
+    status_code = 404
+
+
+class CustomIdsDisabled(ServeError):
+    status_code = 405
+
+
+class SessionConflict(ServeError):
+    status_code = 409
+
+
+class Unprocessable(ServeError):
+    status_code = 422
+
+
+class ServerUnavailable(ServeError):
+    """503: the server cannot take this now (session limit, shutting down, store failing)."""
+
+    status_code = 503
+
+
+class SessionLimitReached(ServerUnavailable):
+    pass
+
+
+class InvalidTransition(RuntimeError):
+    """A turn was asked to make a transition its state does not allow: a bug, never input."""

@@ -1,0 +1,256 @@
+"""The turn journal, worker side: record what a turn learns, and replay it.
+
+Everything a turn learns from the outside world goes through :meth:`Journal.call` (model
+calls, ``@tool`` bodies, ``motus.step`` blocks) or through ``interrupt()``. On a first run
+each call runs and its result is sent to the server as a ``Record``; on a replay (a fresh
+process after parking or a restart) a call that matches a recorded one returns the recorded
+result, or raises the recorded exception, without running.
+
+Matching is by kind, key and occurrence, never by timing, so concurrent calls (several
+gated tools in one model step, ``asyncio.gather`` over interrupts) replay correctly:
+
+- a call whose key matches an unconsumed record consumes the first such record;
+- a call that matches nothing is new, and runs, *unless* an unconsumed record of the same
+  kind and label is still waiting (the same step, tool, interrupt type or model endpoint
+  reached with other inputs): that is a divergence;
+- a turn that ends with records it never reached has diverged too.
+
+A divergence fails the turn with ``Replay diverged: ...`` naming the first record that
+differs, even if the agent catches the exception: :attr:`Journal.diverged` is checked when
+the turn ends. Nothing recorded ever runs twice silently.
+
+A gated tool (``requires_approval``) writes a *started* mark and waits for the server to
+acknowledge it before its body runs. A replay that finds the mark without a result knows the
+body may have run when the server stopped: it never runs it again, and the tool fails with
+``Outcome unknown: the server stopped while <tool> was running`` (recorded, so later replays
+agree). Other calls in flight when a process died simply run again (at least once).
+
+Thread safety: model calls run in threads (``asyncio.to_thread``), so the journal's state is
+guarded by one lock; sends go through the channel, which serialises them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import pickle
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from motus.serve.protocol import JournalEntry, Record
+
+
+class ReplayDiverged(Exception):
+    """The agent's code no longer does what its journal recorded."""
+
+
+class OutcomeUnknown(Exception):
+    """A gated tool was inside its body when the server stopped; it is not run again."""
+
+
+class _Sender(Protocol):
+    def send(self, message: object) -> None: ...
+
+    async def send_and_wait_ack(self, record: Record) -> None: ...
+
+
+def digest(value: Any) -> str:
+    """A stable key for JSON-able inputs (sorted keys); ``repr`` for anything else."""
+    try:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def canonical_payload(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, sort_keys=True, ensure_ascii=False)
+
+
+def pack(outcome: tuple[str, Any]) -> bytes:
+    """Pickle ``("ok", result)`` or ``("raise", exception)``; an unpicklable exception is
+    kept as a ``RuntimeError`` with its text, an unpicklable result fails loudly."""
+    try:
+        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        if outcome[0] == "raise":
+            exc = outcome[1]
+            return pickle.dumps(("raise", RuntimeError(f"{type(exc).__name__}: {exc}")), protocol=pickle.HIGHEST_PROTOCOL)
+        raise
+
+
+def unpack(value: bytes | None) -> Any:
+    kind, result = pickle.loads(value) if value is not None else ("ok", None)
+    if kind == "raise":
+        raise result
+    return result
+
+
+class Journal:
+    """One turn's journal inside its worker process."""
+
+    def __init__(self, entries: Iterable[JournalEntry], channel: _Sender | None) -> None:
+        self._lock = threading.Lock()
+        self._unconsumed: list[JournalEntry] = sorted(entries, key=lambda e: e.seq)
+        self._next_seq = max((e.seq for e in self._unconsumed), default=0) + 1
+        self._channel = channel
+        self.diverged: ReplayDiverged | None = None
+
+    @property
+    def replaying(self) -> bool:
+        with self._lock:
+            return bool(self._unconsumed)
+
+    def claim(self, kind: str, key: str, label: str) -> JournalEntry | None:
+        """The recorded entry this call replays, or None for a new call (see module doc)."""
+        with self._lock:
+            if self.diverged is not None:
+                raise self.diverged
+            for index, entry in enumerate(self._unconsumed):
+                if entry.kind == kind and entry.key == key:
+                    del self._unconsumed[index]
+                    return entry
+            for entry in self._unconsumed:
+                if entry.kind == kind and entry.label == label:
+                    self.diverged = ReplayDiverged(
+                        f"Replay diverged: the agent reached {kind} {label} with other inputs than "
+                        f"{entry.describe()} in the journal"
+                    )
+                    raise self.diverged
+            return None
+
+    def new_seq(self) -> int:
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    def finish(self) -> None:
+        """The turn ended: a record it never reached means the code diverged."""
+        with self._lock:
+            if self.diverged is None and self._unconsumed:
+                first = self._unconsumed[0]
+                self.diverged = ReplayDiverged(
+                    f"Replay diverged: the turn ended without reaching {first.describe()} from the journal"
+                )
+
+    def _send(self, entry: JournalEntry) -> None:
+        if self._channel is not None:
+            self._channel.send(Record(entry))
+
+    # -- recording calls ------------------------------------------------------------------
+
+    def call_sync(self, kind: str, key: str, label: str, fn: Callable[[], Any]) -> Any:
+        """Run or replay a blocking call (model requests, from a worker thread)."""
+        entry = self.claim(kind, key, label)
+        if entry is not None and entry.done:
+            return unpack(entry.value)
+        seq = entry.seq if entry is not None else self.new_seq()
+        outcome = _run_sync(fn)
+        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome)))
+        return _unwrap(outcome)
+
+    async def call(self, kind: str, key: str, label: str, fn: Callable[[], Awaitable[Any]], *, gated: bool = False) -> Any:
+        """Run or replay an async call. ``gated``: write a *started* mark, acknowledged by
+        the server, before ``fn`` runs, and never run it again after a stop (see module doc)."""
+        entry = self.claim(kind, key, label)
+        if entry is not None and entry.done:
+            return unpack(entry.value)
+        if entry is not None and gated:
+            unknown = OutcomeUnknown(f"Outcome unknown: the server stopped while {label} was running")
+            self._send(entry.finished(pack(("raise", unknown))))
+            raise unknown
+        seq = entry.seq if entry is not None else self.new_seq()
+        if gated and self._channel is not None:
+            await self._channel.send_and_wait_ack(Record(JournalEntry(seq=seq, kind=kind, key=key, label=label), ack=True))
+        try:
+            outcome: tuple[str, Any] = ("ok", await fn())
+        except Exception as exc:
+            outcome = ("raise", exc)
+        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome)))
+        return _unwrap(outcome)
+
+
+def _run_sync(fn: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return ("ok", fn())
+    except Exception as exc:
+        return ("raise", exc)
+
+
+def _unwrap(outcome: tuple[str, Any]) -> Any:
+    if outcome[0] == "raise":
+        raise outcome[1]
+    return outcome[1]
+
+
+_journal: Journal | None = None
+
+
+def _install(journal: Journal | None) -> None:
+    """Called by the worker runtime only."""
+    global _journal
+    _journal = journal
+
+
+def current() -> Journal | None:
+    """The running turn's journal, or None outside a ``motus serve`` worker."""
+    return _journal
+
+
+# -- motus.step ---------------------------------------------------------------------------
+
+
+def step(name: str, fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) -> Any:
+    """Run a block of the agent's own code once per turn, and journal its result.
+
+    ``await motus.step("charge card", charge, card_id)`` calls ``charge(card_id)`` (a plain
+    or an async function) and returns its result. When the turn is replayed (after it was
+    parked, or the server restarted) the recorded result is returned, or the recorded
+    exception raised, and ``charge`` is not called again. A step matches its record by
+    ``name`` and arguments, and by occurrence: give different steps different names.
+
+    ``@motus.step("name")`` decorates a function instead; the decorated function is async.
+    Outside a served turn a step simply runs.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError("motus.step() needs a name: step('charge card', fn, *args)")
+    if fn is None:
+        if args or kwargs:
+            raise TypeError("motus.step(name) used as a decorator takes no arguments")
+
+        def decorate(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+            async def stepped(*a: Any, **kw: Any) -> Any:
+                return await _run_step(name, function, a, kw)
+
+            stepped.__name__ = getattr(function, "__name__", name)
+            stepped.__qualname__ = getattr(function, "__qualname__", name)
+            stepped.__doc__ = function.__doc__
+            stepped.__wrapped__ = function  # type: ignore[attr-defined]
+            return stepped
+
+        return decorate
+    if not callable(fn):
+        raise TypeError(f"motus.step({name!r}, fn, ...): fn must be callable, got {type(fn).__name__}")
+    return _run_step(name, fn, args, kwargs)
+
+
+async def _run_step(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def run() -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        import asyncio
+
+        result = await asyncio.to_thread(fn, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    journal = current()
+    if journal is None:
+        return await run()
+    from motus.serve.protocol import STEP
+
+    return await journal.call(STEP, f"{name}:{digest([args, kwargs])}", name, run)

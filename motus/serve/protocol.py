@@ -1,0 +1,122 @@
+"""The wire messages between the server and a worker process, and the turn journal's record.
+
+One duplex ``multiprocessing`` Pipe per turn::
+
+    server                                        worker (one process, one turn)
+      Job(message, state, journal, ...)      ->   run the agent; replay ``journal`` first
+                                             <-   Record(entry, ack)     (model call, tool, step)
+      Ack(seq)                               ->   (only when ``ack`` was asked: a gated tool's
+                                                   *started* mark is committed before its body runs)
+                                             <-   Interrupt(id, payload, seq)   (any number)
+      Resume(interrupt_id, value)            ->   the awaiting future gets ``value``
+                                             <-   Result(response, state) | Failure(error)
+
+All messages are plain picklable dataclasses that reference no server object, so a turn can
+be re-driven from its journal by a fresh process (replay) after parking or a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+#: The kinds of journal records, in the words replay errors use.
+INTERRUPT, MODEL, TOOL, STEP = "interrupt", "model", "tool", "step"
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One thing a turn learned from the outside world, in the order it happened.
+
+    ``seq`` numbers the turn's records from 1. Replay matches a record by ``kind`` and
+    ``key`` (an interrupt's canonical payload, a model request's digest, a tool's name and
+    arguments, a step's name) and by occurrence, never by timing. ``done`` is False for an
+    interrupt not yet answered and for a gated tool that has only its *started* mark.
+    ``value`` is the pickled result or answer. ``ref`` is an interrupt's id; ``payload``
+    its payload as the API shows it.
+    """
+
+    seq: int
+    kind: str
+    key: str
+    label: str
+    done: bool = False
+    value: bytes | None = None
+    ref: str | None = None
+    payload: dict[str, Any] | None = None
+    answered_at: float | None = None
+    answered_by: str | None = None
+
+    def finished(self, value: bytes, **changes: Any) -> JournalEntry:
+        return replace(self, done=True, value=value, **changes)
+
+    def describe(self) -> str:
+        """How a replay error names this record."""
+        return f"record #{self.seq} ({self.kind} {self.label})"
+
+
+@dataclass(frozen=True)
+class Job:
+    """The one turn a worker process runs. ``message``/``state`` are JSON-ready dicts.
+
+    ``journal`` is empty for a fresh turn; for a replay it holds every record so far.
+    """
+
+    session_id: str
+    turn_id: int
+    message: dict[str, Any]
+    state: list[dict[str, Any]]
+    max_interrupts: int = 0  # pending at once; 0 = no limit
+    journal: tuple[JournalEntry, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Worker -> server: the agent paused; ``payload`` is the agent's dict, normalised.
+
+    A replayed interrupt that is still unanswered is sent again with its original id and
+    ``seq``; the server treats that as "waiting again", not as a new interrupt.
+    """
+
+    interrupt_id: str
+    payload: dict[str, Any]
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Record:
+    """Worker -> server: store this journal record (insert, or complete the same ``seq``).
+    With ``ack`` the worker waits for ``Ack(seq)``, sent once the record is committed."""
+
+    entry: JournalEntry
+    ack: bool = False
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Server -> worker: the record with this ``seq`` is committed."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Server -> worker: the client's reply to one interrupt."""
+
+    interrupt_id: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Result:
+    """Worker -> server: the turn completed. Both are JSON-ready dicts."""
+
+    response: dict[str, Any]
+    state: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Worker -> server: the turn failed; ``error`` is what the session shows."""
+
+    error: str

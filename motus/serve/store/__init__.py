@@ -1,0 +1,47 @@
+"""Stores: where sessions and turn journals live. ``store_from_url`` picks the backend.
+
+| URL | backend |
+|---|---|
+| ``memory`` | nothing survives the process |
+| ``sqlite:///rel/path.db``, ``sqlite:////abs/path.db`` | one file, one server process |
+
+The default is ``sqlite:///.motus/<module>.<attr>.sqlite3`` in the working directory, named
+after the served agent, so two agents served from one folder never share sessions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from motus.serve.store.base import SCHEMA_VERSION, SessionRecord, Store, StoreError, TurnRecord
+from motus.serve.store.memory import MemoryStore
+
+__all__ = ["SCHEMA_VERSION", "SessionRecord", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
+
+
+def default_store_url(agent_path: str | None) -> str:
+    """``sqlite:///.motus/<module>.<attr>.sqlite3``; an agent given as an object (no import
+    path) has no stable name, so it is served from memory."""
+    if not agent_path:
+        return "memory"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", agent_path.replace(":", "."))
+    return f"sqlite:///.motus/{name}.sqlite3"
+
+
+def store_from_url(url: str) -> Store:
+    """The backend for ``url``; a malformed URL is a ``StoreError`` saying what is accepted."""
+    url = url.strip()
+    if url == "memory":
+        return MemoryStore()
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if not path or path.endswith("/"):
+            raise StoreError(f"Store URL {url!r} names no file; use sqlite:///relative/path.db or sqlite:////absolute/path.db")
+        from motus.serve.store.sqlite import SqliteStore
+
+        return SqliteStore(url, path)
+    if url.startswith(("postgresql://", "postgres://")):
+        raise StoreError("PostgreSQL stores are not available in this version of motus; use sqlite:///PATH or memory")
+    raise StoreError(
+        f"Unsupported store URL {url!r}: use memory, sqlite:///relative/path.db or sqlite:////absolute/path.db"
+    )

@@ -1,0 +1,262 @@
+"""``--store sqlite:///PATH``: sessions and turn journals in one SQLite file.
+
+Guarantees:
+
+- Every ``save`` is one transaction, committed (WAL, ``synchronous=FULL``) before it
+  returns, so what a client was told survives ``kill -9`` and power loss.
+- One server process per file: the process holds an exclusive ``flock`` on ``PATH.lock``
+  (which also records its pid) for as long as the store is open. A second server is refused
+  with a message naming the file, the holder's pid, and PostgreSQL as the way to run several.
+  The kernel drops the lock when the holder dies, however it dies.
+- The schema carries a version in ``meta``; a file written by a newer motus is refused,
+  never rewritten. A file that is not a SQLite database is refused with a clear message.
+
+Threads: one connection, shared, with every use under ``_lock`` (SQLite serialises writers
+anyway); statements are short and never wait on anything but the disk.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from motus.serve.protocol import JournalEntry
+from motus.serve.store.base import SCHEMA_VERSION, SessionRecord, Store, StoreError, TurnRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    state TEXT NOT NULL,
+    response TEXT,
+    error TEXT,
+    turn_id INTEGER NOT NULL,
+    touched REAL NOT NULL,
+    turn TEXT
+);
+CREATE TABLE IF NOT EXISTS journal (
+    session_id TEXT NOT NULL,
+    turn_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    label TEXT NOT NULL,
+    done INTEGER NOT NULL,
+    value BLOB,
+    ref TEXT,
+    payload TEXT,
+    answered_at REAL,
+    answered_by TEXT,
+    PRIMARY KEY (session_id, turn_id, seq)
+);
+"""
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+class SqliteStore(Store):
+    kind = "sqlite"
+    durable = True
+
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        self.path = os.path.abspath(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+
+    # -- opening ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        directory = os.path.dirname(self.path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"Cannot create the folder of store {self.url}: {exc.strerror} ({directory})") from None
+        self._claim()
+        try:
+            self._connect()
+        except BaseException:
+            self._release()
+            raise
+
+    def _claim(self) -> None:
+        lock_path = self.path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreError(f"Cannot open store {self.url}: {exc.strerror} ({lock_path})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreError(
+                f"Store {self.path} is in use by another motus server (pid {holder}); a SQLite store "
+                "serves one server process. Stop that server, choose another --store, or use "
+                "PostgreSQL (--store postgresql://...) to run several instances on one store."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # drops the flock
+            self._lock_fd = None
+
+    def _connect(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"Cannot open store {self.url}: {exc}") from None
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            else:
+                try:
+                    version = int(row[0])
+                except ValueError:
+                    raise StoreError(f"Store {self.path} has an unreadable schema version {row[0]!r}; it was not written by motus") from None
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"Store {self.path} has schema version {version}, newer than this motus understands "
+                        f"({SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
+                    )
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"Store {self.path} is not a usable SQLite database ({exc}); move it away or choose another --store") from None
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._release()
+
+    # -- reading and writing ---------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"Store {self.url} is closed")
+        return self._conn
+
+    def load(self) -> Iterator[SessionRecord]:
+        with self._lock:
+            db = self._db()
+            journals: dict[str, list[JournalEntry]] = {}
+            for row in db.execute(
+                "SELECT j.session_id, j.seq, j.kind, j.key, j.label, j.done, j.value, j.ref, j.payload, "
+                "j.answered_at, j.answered_by FROM journal j JOIN sessions s "
+                "ON s.session_id = j.session_id AND s.turn_id = j.turn_id ORDER BY j.session_id, j.seq"
+            ):
+                journals.setdefault(row[0], []).append(
+                    JournalEntry(
+                        seq=row[1], kind=row[2], key=row[3], label=row[4], done=bool(row[5]), value=row[6],
+                        ref=row[7], payload=_loads(row[8]), answered_at=row[9], answered_by=row[10],
+                    )
+                )
+            rows = db.execute(
+                "SELECT session_id, status, state, response, error, turn_id, touched, turn FROM sessions ORDER BY touched"
+            ).fetchall()
+        for session_id, status, state, response, error, turn_id, touched, turn in rows:
+            live = _loads(turn)
+            yield SessionRecord(
+                session_id=session_id,
+                status=status,
+                state=_loads(state),
+                response=_loads(response),
+                error=error,
+                turn_id=turn_id,
+                touched=touched,
+                turn=None if live is None else TurnRecord(
+                    turn_id=turn_id,
+                    message=live["message"],
+                    webhook=live.get("webhook"),
+                    deadline=live.get("deadline"),
+                    journal=journals.get(session_id, []),
+                ),
+            )
+
+    def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = ()) -> None:
+        turn = record.turn
+        turn_json = None if turn is None else _dumps({"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline})
+        with self._lock:
+            db = self._db()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute(
+                    "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, turn) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (record.session_id, record.status, _dumps(record.state), _dumps(record.response), record.error,
+                     record.turn_id, record.touched, turn_json),
+                )
+                if turn is None:
+                    db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
+                else:
+                    db.execute("DELETE FROM journal WHERE session_id = ? AND turn_id <> ?", (record.session_id, turn.turn_id))
+                    self._put_entries(db, record.session_id, turn.turn_id, entries)
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+
+    def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
+        with self._lock:
+            db = self._db()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                self._put_entries(db, session_id, turn_id, entries)
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+
+    @staticmethod
+    def _put_entries(db: sqlite3.Connection, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
+        db.executemany(
+            "INSERT OR REPLACE INTO journal (session_id, turn_id, seq, kind, key, label, done, value, ref, payload, "
+            "answered_at, answered_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (session_id, turn_id, e.seq, e.kind, e.key, e.label, int(e.done), e.value, e.ref, _dumps(e.payload),
+                 e.answered_at, e.answered_by)
+                for e in entries
+            ],
+        )
+
+    def delete(self, session_id: str) -> None:
+        with self._lock:
+            db = self._db()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("DELETE FROM journal WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        db.execute("ROLLBACK")

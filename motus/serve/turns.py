@@ -1,0 +1,876 @@
+"""Turns: the one state machine of a turn, and the sessions that own them.
+
+A turn's whole life is the ``state`` of one ``Turn``, changed only by ``Turn.move``, which
+raises ``InvalidTransition`` on a move the diagram does not have (as
+``concurrent.futures.Future`` does)::
+
+                   compute slot                  Interrupt
+    start ──▶ QUEUED ──────────▶ RUNNING ─────────────────────▶ WAITING ◀──┐ partial resume
+                ▲                  ▲                       ▲   │  │  │ ────┘ (value sent now)
+                │ last resume      │ compute slot          │   │  │  └── park-after ──▶ PARKED ◀─┐
+                │ (replay)         │ (queued values sent)  │   │  │                       │  │   │ partial resume
+                │                  └──────── RESUMING ◀────┼───┘  │ last resume           │  └───┘ (recorded only)
+                │                                 │        │      ▼                       │
+                │                                 └────────┘  (values wait for a slot)    │
+                │                              Interrupt: queued values are sent at once  │
+                └─────────────────────────────────────────────────────────────────────────┘
+
+    any state but ENDED ── Result | Failure | process exit | delete | timeout | shutdown ──▶ ENDED
+
+What each state holds: QUEUED nothing yet (waits for a slot; a new turn, or a replay);
+RUNNING a compute slot and a process; WAITING and RESUMING a process but no slot; PARKED
+neither, only rows in the store. The session's public status follows: QUEUED, RUNNING and
+RESUMING are ``running``; WAITING and PARKED are ``interrupted``.
+
+Guarantees:
+
+- Every change is committed to the store first, then applied to the working copy, then
+  published (long polls wake), all under the session's own lock; a store failure is a 503
+  that changed nothing. A lock per session: a slow commit on one session never holds up
+  another's transition (the store itself may serialise its writes).
+- A compute slot is held exactly while a turn is RUNNING. Slots are handed out by
+  ``_dispatch``, which reserves a slot, then re-checks the turn under its session lock and
+  gives the slot back if the turn moved on meanwhile; so a resume queued for a turn that
+  interrupted again can never keep a slot (the deadlock of the first release).
+- Messages from a process the turn no longer owns (a stopped, killed or replaced handle) are
+  ignored: a late worker can never resurrect or corrupt a session.
+- An interrupt id is pending exactly once; a second resume of it is a 404 that says why.
+- A turn is parked only while it waits on a person and no gated tool of it is inside its
+  body, so parking never turns an approved action into an "outcome unknown".
+
+Thread ownership and lock order: ``Session`` fields and its ``Turn`` are guarded by
+``Session.lock``; the sessions dict by ``_registry``; slots and the ready queue by
+``_sched`` (never held while taking a session lock); timers by ``_timers``. Order: session
+lock -> ``_registry`` | ``_sched`` | ``_timers`` -> pool lock. No pipe send, webhook, pool
+launch or publish happens under a session lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from motus.serve.errors import (
+    InterruptNotPending,
+    InvalidTransition,
+    ServerUnavailable,
+    SessionConflict,
+    SessionLimitReached,
+    SessionNotFound,
+)
+from motus.serve.events import Events
+from motus.serve.journal import canonical_payload, pack
+from motus.serve.pool import Handle, PoolClosed, WorkerPool
+from motus.serve.protocol import INTERRUPT, TOOL, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
+from motus.serve.store import SessionRecord, Store, TurnRecord
+
+log = logging.getLogger(__name__)
+
+#: How many no-longer-pending interrupt ids a session remembers, to explain a 404.
+RETIRED_INTERRUPTS_KEPT = 256
+#: A waiting turn is parked only after its worker has said nothing for this long, so the
+#: other interrupts of one ``asyncio.gather`` arrive before its process ends.
+PARK_SETTLE_SECONDS = 0.1
+
+NOT_WAITING = "Session not actively waiting for resume"
+TIMED_OUT = "Agent timed out"
+CANCELLED = "Turn cancelled"
+EXITED = "Worker process exited unexpectedly"
+
+
+class SessionStatus(str, Enum):
+    IDLE = "idle"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+
+class TurnState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    RESUMING = "resuming"
+    PARKED = "parked"
+    ENDED = "ended"
+
+
+_MOVES: dict[TurnState, frozenset[TurnState]] = {
+    TurnState.QUEUED: frozenset({TurnState.RUNNING, TurnState.ENDED}),
+    TurnState.RUNNING: frozenset({TurnState.WAITING, TurnState.ENDED}),
+    TurnState.WAITING: frozenset({TurnState.WAITING, TurnState.RESUMING, TurnState.PARKED, TurnState.ENDED}),
+    TurnState.RESUMING: frozenset({TurnState.RUNNING, TurnState.WAITING, TurnState.ENDED}),
+    TurnState.PARKED: frozenset({TurnState.PARKED, TurnState.QUEUED, TurnState.ENDED}),
+    TurnState.ENDED: frozenset(),
+}
+_PUBLIC = {
+    TurnState.QUEUED: SessionStatus.RUNNING,
+    TurnState.RUNNING: SessionStatus.RUNNING,
+    TurnState.RESUMING: SessionStatus.RUNNING,
+    TurnState.WAITING: SessionStatus.INTERRUPTED,
+    TurnState.PARKED: SessionStatus.INTERRUPTED,
+}
+
+
+@dataclass(frozen=True)
+class PendingInterrupt:
+    interrupt_id: str
+    payload: dict[str, Any]
+
+    @property
+    def type(self) -> str:
+        value = self.payload.get("type")
+        return value if isinstance(value, str) else "unknown"
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """An immutable snapshot of a session, safe to use outside the lock."""
+
+    session_id: str
+    status: SessionStatus
+    response: dict[str, Any] | None
+    error: str | None
+    interrupts: tuple[PendingInterrupt, ...]
+    total_messages: int
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """What a finished turn leaves for the webhook, if the turn asked for one."""
+
+    session_id: str
+    status: SessionStatus
+    response: dict[str, Any] | None
+    error: str | None
+    messages: list[dict[str, Any]]
+    webhook: dict[str, Any] | None
+
+
+@dataclass(eq=False)
+class Turn:
+    """One turn of one session. Guarded by its session's lock."""
+
+    session_id: str
+    turn_id: int
+    message: dict[str, Any]
+    webhook: dict[str, Any] | None
+    deadline: float | None  # wall clock
+    journal: dict[int, JournalEntry] = field(default_factory=dict)
+    state: TurnState = TurnState.QUEUED
+    handle: Handle | None = None
+    queued_values: list[Resume] = field(default_factory=list)
+    last_heard: float = 0.0  # monotonic: the last message from its process
+
+    def move(self, new: TurnState) -> bool:
+        """Change state; returns True if that gave up a compute slot."""
+        if new not in _MOVES[self.state]:
+            raise InvalidTransition(f"turn {self.turn_id} of session {self.session_id}: {self.state.value} -> {new.value}")
+        freed = self.state is TurnState.RUNNING and new is not TurnState.RUNNING
+        self.state = new
+        return freed
+
+    def pending(self) -> list[JournalEntry]:
+        return sorted((e for e in self.journal.values() if e.kind == INTERRUPT and not e.done), key=lambda e: e.seq)
+
+    def tool_in_flight(self) -> bool:
+        return any(e.kind == TOOL and not e.done for e in self.journal.values())
+
+    def record(self) -> TurnRecord:
+        return TurnRecord(turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline)
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    touched: float  # wall clock of the last write
+    status: SessionStatus = SessionStatus.IDLE
+    state: list[dict[str, Any]] = field(default_factory=list)
+    response: dict[str, Any] | None = None
+    error: str | None = None
+    turn_id: int = 0
+    turn: Turn | None = None
+    retired: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    deleted: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def view(self) -> SessionView:
+        interrupts: tuple[PendingInterrupt, ...] = ()
+        if self.turn is not None and self.status is SessionStatus.INTERRUPTED:
+            interrupts = tuple(PendingInterrupt(e.ref or "", e.payload or {}) for e in self.turn.pending())
+        return SessionView(
+            session_id=self.session_id,
+            status=self.status,
+            response=self.response,
+            error=self.error,
+            interrupts=interrupts,
+            total_messages=len(self.state),
+            turn_id=self.turn_id,
+        )
+
+    def record(self, **changes: Any) -> SessionRecord:
+        """The row this session would have with ``changes`` applied (nothing is changed)."""
+        fields = {
+            "session_id": self.session_id,
+            "status": self.status.value,
+            "state": self.state,
+            "response": self.response,
+            "error": self.error,
+            "turn_id": self.turn_id,
+            "touched": self.touched,
+            "turn": self.turn.record() if self.turn is not None and self.turn.state is not TurnState.ENDED else None,
+        }
+        fields.update(changes)
+        if isinstance(fields["status"], SessionStatus):
+            fields["status"] = fields["status"].value
+        return SessionRecord(**fields)
+
+    def retire(self, interrupt_id: str, why: str) -> None:
+        self.retired[interrupt_id] = why
+        while len(self.retired) > RETIRED_INTERRUPTS_KEPT:
+            self.retired.popitem(last=False)
+
+
+@dataclass
+class _After:
+    """What to do once the session lock is released."""
+
+    sends: list[tuple[Handle, object]] = field(default_factory=list)
+    stop: list[Handle] = field(default_factory=list)
+    kill: list[Handle] = field(default_factory=list)
+    launch: list[Handle] = field(default_factory=list)
+    ended: list[TurnEnd] = field(default_factory=list)
+    freed: int = 0
+    queued: list[Turn] = field(default_factory=list)
+    publish: list[str] = field(default_factory=list)
+
+
+class Turns:
+    """All sessions of this server and the life of their turns (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        events: Events,
+        max_workers: int,
+        timeout: float = 0,
+        park_after: float | None = None,
+        max_sessions: int = 0,
+        ttl: float = 0,
+        max_interrupts: int = 0,
+        on_end: Callable[[TurnEnd], None] = lambda end: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.max_workers = max_workers
+        self.timeout = timeout
+        self.park_after = park_after
+        self.max_sessions = max_sessions
+        self.ttl = ttl
+        self.max_interrupts = max_interrupts
+        self._on_end = on_end
+        self._clock = clock
+        self.pool: WorkerPool | None = None
+        self._registry = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._sched = threading.Condition(threading.Lock())
+        self._free_slots = max_workers
+        self._ready: deque[Turn] = deque()  # may hold stale entries: _grant re-checks
+        self._timers = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, str, Turn]] = []
+        self._counter = itertools.count()
+        self._closing = False
+        self._stopped = False
+        self._housekeeper: threading.Thread | None = None
+
+    # -- start and stop ------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Load every session from the store (before serving). Interrupted turns come back
+        parked with the same interrupt ids; running ones are queued to be replayed.
+        Returns how many turns will be replayed."""
+        replays = 0
+        for record in self.store.load():
+            session = Session(
+                session_id=record.session_id,
+                touched=record.touched,
+                status=SessionStatus(record.status),
+                state=record.state,
+                response=record.response,
+                error=record.error,
+                turn_id=record.turn_id,
+            )
+            if record.turn is not None and session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
+                turn = Turn(
+                    session_id=session.session_id,
+                    turn_id=record.turn_id,
+                    message=record.turn.message,
+                    webhook=record.turn.webhook,
+                    deadline=record.turn.deadline,
+                    journal={e.seq: e for e in record.turn.journal},
+                )
+                session.turn = turn
+                if turn.pending():
+                    turn.state = TurnState.PARKED
+                    session.status = SessionStatus.INTERRUPTED
+                else:
+                    session.status = SessionStatus.RUNNING
+                    self._ready.append(turn)
+                    replays += 1
+                if turn.deadline is not None:
+                    self._schedule(turn.deadline, "timeout", turn)
+            elif session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
+                session.status = SessionStatus.ERROR  # a row without its turn: cannot be resumed
+                session.error = EXITED
+            self._sessions[session.session_id] = session
+        return replays
+
+    def start(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self._housekeeper = threading.Thread(target=self._housekeep, name="motus-housekeeper", daemon=True)
+        self._housekeeper.start()
+        self._dispatch()
+
+    def busy(self) -> bool:
+        """Whether any turn is running code (the pool refills its spares when not)."""
+        with self._sched:
+            return self._free_slots < self.max_workers
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work and release every long poll at once (any thread)."""
+        self._closing = True
+        self.events.close()
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop every turn. Turns waiting on a person are parked (durable store: they wait in
+        the store for the next start) or cancelled (memory). Running turns get ``timeout``
+        seconds to finish; then they are left to be replayed at the next start (durable) or
+        cancelled (memory). Idempotent."""
+        self.begin_shutdown()
+        if self._stopped:
+            return
+        self._stopped = True
+        for session in self._all():
+            self._settle_for_shutdown(session)
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        with self._sched:
+            while any(s.turn is not None and s.turn.state in (TurnState.RUNNING, TurnState.QUEUED, TurnState.RESUMING) for s in self._all()):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._sched.wait(0.1 if remaining is None else min(0.1, remaining))
+        for session in self._all():
+            self._settle_for_shutdown(session, force=True)
+        with self._timers:
+            self._timers.notify_all()
+        if self._housekeeper is not None:
+            self._housekeeper.join()
+
+    def _settle_for_shutdown(self, session: Session, force: bool = False) -> None:
+        after = _After()
+        with session.lock:
+            turn = session.turn
+            if turn is None or turn.state is TurnState.ENDED:
+                return
+            waiting = turn.state in (TurnState.WAITING, TurnState.PARKED)
+            if not (waiting or force):
+                return
+            if self.store.durable:
+                if turn.handle is not None:
+                    after.kill.append(turn.handle)
+                    turn.handle = None
+                if turn.state is TurnState.WAITING:
+                    turn.move(TurnState.PARKED)
+                elif turn.state is not TurnState.PARKED:
+                    after.freed += turn.move(TurnState.ENDED)  # left "running" in the store: replayed at start
+            else:
+                self._end_locked(session, turn, error=CANCELLED, after=after)
+        self._finish(after)
+
+    # -- lookups (request threads) -------------------------------------------------------
+
+    def _all(self) -> list[Session]:
+        with self._registry:
+            return list(self._sessions.values())
+
+    def _session(self, session_id: str) -> Session:
+        with self._registry:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
+
+    def __len__(self) -> int:
+        with self._registry:
+            return len(self._sessions)
+
+    def get(self, session_id: str) -> SessionView:
+        session = self._session(session_id)
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            return session.view()
+
+    def messages(self, session_id: str) -> list[dict[str, Any]]:
+        session = self._session(session_id)
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            return list(session.state)
+
+    def list(self) -> list[SessionView]:
+        views = []
+        for session in self._all():
+            with session.lock:
+                if not session.deleted:
+                    views.append(session.view())
+        return views
+
+    def counts(self) -> dict[str, int]:
+        live = parked = 0
+        for session in self._all():
+            turn = session.turn
+            state = turn.state if turn is not None else None
+            if state is TurnState.PARKED:
+                parked += 1
+            elif state is not None and state is not TurnState.ENDED:
+                live += 1
+        with self._sched:
+            running = self.max_workers - self._free_slots
+        return {"running_workers": running, "live_turns": live, "parked_turns": parked}
+
+    def wait(self, session_id: str, timeout: float) -> SessionView:
+        """Block until the session is not ``running`` or ``timeout`` seconds pass; at once
+        while the server is closing. ``SessionNotFound`` if it is (or gets) deleted."""
+
+        def check() -> SessionView | None:
+            view = self.get(session_id)
+            return view if view.status is not SessionStatus.RUNNING else None
+
+        view = self.events.wait(session_id, check, timeout)
+        return view if view is not None else self.get(session_id)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def create(self, session_id: str | None = None, state: list[dict[str, Any]] | None = None) -> SessionView:
+        session = Session(session_id=session_id or str(uuid.uuid4()), touched=self._clock(), state=list(state or []))
+        with session.lock:
+            with self._registry:
+                if self._closing:
+                    raise ServerUnavailable("Server is shutting down")
+                if session.session_id in self._sessions:
+                    raise SessionConflict(f"Session {session.session_id} already exists")
+                if self.max_sessions and len(self._sessions) >= self.max_sessions:
+                    raise SessionLimitReached(
+                        f"Session limit reached ({self.max_sessions}); delete a session or raise --max-sessions"
+                    )
+                self._sessions[session.session_id] = session
+            try:
+                self._save(session.record())
+            except ServerUnavailable:
+                session.deleted = True
+                with self._registry:
+                    self._sessions.pop(session.session_id, None)
+                raise
+            return session.view()
+
+    def delete(self, session_id: str) -> None:
+        """Remove the session; a live turn ends (its process gets ``EOFError`` and a grace)."""
+        session = self._session(session_id)
+        after = _After()
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            self._commit(lambda: self.store.delete(session_id))
+            session.deleted = True
+            turn = session.turn
+            if turn is not None and turn.state is not TurnState.ENDED:
+                self._stop_turn_locked(turn, after)
+                for entry in turn.pending():
+                    session.retire(entry.ref or "", "the session was deleted")
+            with self._registry:
+                self._sessions.pop(session_id, None)
+            after.publish.append(session_id)
+        self._finish(after)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove idle and error sessions nothing has written to for ``ttl`` seconds."""
+        if not self.ttl:
+            return []
+        cutoff = (self._clock() if now is None else now) - self.ttl
+        removed = []
+        for session in self._all():
+            with session.lock:
+                if session.deleted or session.status not in (SessionStatus.IDLE, SessionStatus.ERROR) or session.touched > cutoff:
+                    continue
+                try:
+                    self._commit(lambda: self.store.delete(session.session_id))
+                except ServerUnavailable:
+                    log.warning("TTL sweep could not delete session %s from the store", session.session_id)
+                    continue
+                session.deleted = True
+                with self._registry:
+                    self._sessions.pop(session.session_id, None)
+                removed.append(session.session_id)
+            self.events.publish(session.session_id)
+        return removed
+
+    # -- turns (request threads) ---------------------------------------------------------
+
+    def start_turn(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None = None) -> None:
+        """idle|error -> running: commit the new turn, then queue it for a compute slot."""
+        session = self._session(session_id)
+        after = _After()
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            if session.status is SessionStatus.RUNNING:
+                raise SessionConflict("Session is running; wait for the turn to finish or delete the session")
+            if session.status is SessionStatus.INTERRUPTED:
+                raise SessionConflict("Session is interrupted; resume its pending interrupts or delete the session")
+            if self._closing:
+                raise ServerUnavailable("Server is shutting down")
+            now = self._clock()
+            turn = Turn(
+                session_id=session_id,
+                turn_id=session.turn_id + 1,
+                message=message,
+                webhook=webhook,
+                deadline=now + self.timeout if self.timeout else None,
+            )
+            self._save(session.record(status=SessionStatus.RUNNING, response=None, error=None,
+                                      turn_id=turn.turn_id, touched=now, turn=turn.record()))
+            session.turn, session.turn_id = turn, turn.turn_id
+            session.status, session.response, session.error, session.touched = SessionStatus.RUNNING, None, None, now
+            after.queued.append(turn)
+            after.publish.append(session_id)
+        if turn.deadline is not None:
+            self._schedule(turn.deadline, "timeout", turn)
+        self._finish(after)
+
+    def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionStatus:
+        """Answer one pending interrupt; returns the status this left the session in."""
+        session = self._session(session_id)
+        after = _After()
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            turn = session.turn
+            pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
+            entry = next((e for e in pending if e.ref == interrupt_id), None)
+            if entry is None or turn is None:
+                raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
+            now = self._clock()
+            answered = entry.finished(pack(("ok", value)), answered_at=now)
+            last = len(pending) == 1
+            status = SessionStatus.RUNNING if last else SessionStatus.INTERRUPTED
+            self._save(session.record(status=status, touched=now), [answered])
+            turn.journal[answered.seq] = answered
+            session.status, session.touched = status, now
+            session.retire(interrupt_id, "it was already resumed")
+            message = Resume(interrupt_id=interrupt_id, value=value)
+            if turn.state is TurnState.WAITING:
+                if last:
+                    turn.move(TurnState.RESUMING)
+                    turn.queued_values.append(message)
+                    after.queued.append(turn)
+                else:
+                    after.sends.append((turn.handle, message))  # type: ignore[arg-type]
+            elif turn.state is TurnState.PARKED:
+                if last:
+                    turn.move(TurnState.QUEUED)  # replayed from its journal in a fresh process
+                    after.queued.append(turn)
+            else:
+                raise InvalidTransition(f"session {session_id} is interrupted but its turn is {turn.state.value}")
+            if last:
+                after.publish.append(session_id)
+        self._finish(after)
+        return status
+
+    @staticmethod
+    def _why_not_pending(session: Session, interrupt_id: str) -> str:
+        why = session.retired.get(interrupt_id)
+        if session.status is not SessionStatus.INTERRUPTED:
+            reason = f" (interrupt {interrupt_id}: {why})" if why else ""
+            return f"{NOT_WAITING}{reason}"
+        if why:
+            return f"Interrupt {interrupt_id} is not pending: {why}"
+        return f"Interrupt {interrupt_id} not found among the session's pending interrupts"
+
+    # -- the pool's listener (manager thread) --------------------------------------------
+
+    def worker_message(self, handle: Handle, message: object) -> None:
+        session, turn = self._owner(handle)
+        if session is None or turn is None:
+            return
+        after = _After()
+        with session.lock:
+            if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
+                return  # a message from a process this turn no longer owns
+            turn.last_heard = time.monotonic()
+            if isinstance(message, Interrupt):
+                self._interrupted_locked(session, turn, message, after)
+            elif isinstance(message, Record):
+                self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
+                turn.journal[message.entry.seq] = message.entry
+                if message.ack:
+                    after.sends.append((handle, Ack(message.entry.seq)))
+            elif isinstance(message, Result):
+                self._end_locked(session, turn, after=after, response=message.response, state=message.state)
+            elif isinstance(message, Failure):
+                self._end_locked(session, turn, error=message.error, after=after)
+            else:
+                log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
+        self._finish(after)
+        if self._stopped and isinstance(message, Interrupt):
+            self._settle_for_shutdown(session)  # nobody can answer it before the next start
+
+    def worker_exited(self, handle: Handle) -> None:
+        self.worker_message(handle, Failure(error=EXITED))
+
+    def _owner(self, handle: Handle) -> tuple[Session | None, Turn | None]:
+        with self._registry:
+            session = self._sessions.get(handle.session_id)
+        if session is None:
+            return None, None
+        return session, session.turn
+
+    def _interrupted_locked(self, session: Session, turn: Turn, message: Interrupt, after: _After) -> None:
+        known = turn.journal.get(message.seq)
+        if known is not None and known.kind == INTERRUPT and known.ref == message.interrupt_id:
+            entry = known  # a replay waits again on an interrupt it had raised before
+        else:
+            kind = message.payload.get("type")
+            entry = JournalEntry(
+                seq=message.seq, kind=INTERRUPT, key=canonical_payload(message.payload),
+                label=kind if isinstance(kind, str) else "unknown", ref=message.interrupt_id, payload=message.payload,
+            )
+        now = self._clock()
+        self._save(session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry])
+        turn.journal[entry.seq] = entry
+        session.status, session.touched = SessionStatus.INTERRUPTED, now
+        if turn.state is TurnState.RESUMING:
+            after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
+            turn.queued_values.clear()
+        after.freed += turn.move(TurnState.WAITING)
+        after.publish.append(session.session_id)
+        if self.park_after is not None:
+            self._schedule(time.monotonic() + max(self.park_after, PARK_SETTLE_SECONDS), "park", turn, monotonic=True)
+
+    def _end_locked(
+        self,
+        session: Session,
+        turn: Turn,
+        after: _After,
+        *,
+        error: str | None = None,
+        response: dict[str, Any] | None = None,
+        state: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Any live state -> ENDED, with the session idle (a result) or in error."""
+        now = self._clock()
+        status = SessionStatus.ERROR if error is not None else SessionStatus.IDLE
+        new_state = list(state) if state is not None else session.state
+        self._save(session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None))
+        if error is not None:
+            lines = error.strip().splitlines()
+            why = f"its turn ended with an error ({lines[-1] if lines else 'no message'})"
+        else:
+            why = "its turn has already finished"
+        for entry in turn.pending():
+            session.retire(entry.ref or "", why)
+        session.status, session.response, session.error, session.state, session.touched = status, response, error, new_state, now
+        self._stop_turn_locked(turn, after, graceful=error is not None)
+        after.publish.append(session.session_id)
+        after.ended.append(
+            TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
+                    messages=list(new_state), webhook=turn.webhook)
+        )
+
+    def _stop_turn_locked(self, turn: Turn, after: _After, graceful: bool = True) -> None:
+        after.freed += turn.move(TurnState.ENDED)
+        turn.queued_values.clear()
+        if turn.handle is not None:
+            after.stop.append(turn.handle)
+            turn.handle = None
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Hand free compute slots to queued turns (any thread, no session lock held)."""
+        if self.pool is None:
+            return
+        while True:
+            with self._sched:
+                if self._free_slots <= 0 or not self._ready:
+                    return
+                turn = self._ready.popleft()
+                self._free_slots -= 1
+            if not self._grant(turn):
+                with self._sched:
+                    self._free_slots += 1
+                    self._sched.notify_all()
+
+    def _grant(self, turn: Turn) -> bool:
+        with self._registry:
+            session = self._sessions.get(turn.session_id)
+        if session is None:
+            return False
+        after = _After()
+        with session.lock:
+            if session.deleted or session.turn is not turn or self._stopped:
+                return False
+            if turn.state is TurnState.QUEUED:
+                job = Job(
+                    session_id=turn.session_id, turn_id=turn.turn_id, message=turn.message, state=list(session.state),
+                    max_interrupts=self.max_interrupts, journal=tuple(sorted(turn.journal.values(), key=lambda e: e.seq)),
+                )
+                turn.handle = Handle(session_id=turn.session_id, turn_id=turn.turn_id, job=job)
+                turn.last_heard = time.monotonic()
+                after.launch.append(turn.handle)
+            elif turn.state is TurnState.RESUMING:
+                after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
+                turn.queued_values.clear()
+            else:
+                return False  # a stale queue entry: the turn moved on
+            turn.move(TurnState.RUNNING)
+        self._finish(after)
+        return True
+
+    # -- after the lock ------------------------------------------------------------------
+
+    def _finish(self, after: _After) -> None:
+        """Do what a transition decided, with no session lock held: pool actions, slot
+        release, queueing, publishing, webhooks."""
+        pool = self.pool
+        if pool is not None:
+            for handle in after.kill:
+                pool.kill(handle)
+            for handle in after.stop:
+                pool.stop(handle)
+            for handle in after.launch:
+                try:
+                    pool.launch(handle)
+                except PoolClosed:
+                    self.worker_message(handle, Failure(error=CANCELLED))
+            for handle, message in after.sends:
+                pool.send(handle, message)
+        if after.freed or after.queued:
+            with self._sched:
+                self._free_slots += after.freed
+                self._ready.extend(after.queued)
+                self._sched.notify_all()
+        for session_id in after.publish:
+            self.events.publish(session_id)
+        for end in after.ended:
+            if end.status is SessionStatus.ERROR:
+                log.info("turn of session %s failed: %s", end.session_id, _last_line(end.error or ""))
+            self._on_end(end)
+        if after.freed or after.queued:
+            self._dispatch()
+
+    def _save(self, record: SessionRecord, entries: list[JournalEntry] | tuple[JournalEntry, ...] = ()) -> None:
+        self._commit(lambda: self.store.save(record, entries))
+
+    @staticmethod
+    def _commit(write: Callable[[], None]) -> None:
+        try:
+            write()
+        except Exception as exc:
+            log.exception("store write failed")
+            raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
+
+    # -- timers: turn deadlines and parking (housekeeping thread) -----------------------
+
+    def _schedule(self, when: float, kind: str, turn: Turn, monotonic: bool = False) -> None:
+        wall = when if not monotonic else self._clock() + (when - time.monotonic())
+        with self._timers:
+            heapq.heappush(self._heap, (wall, next(self._counter), kind, turn))
+            self._timers.notify_all()
+
+    def _housekeep(self) -> None:
+        sweep_every = min(max(self.ttl / 4, 0.05), 5.0) if self.ttl else None
+        next_sweep = time.monotonic() + sweep_every if sweep_every else None
+        while True:
+            due: list[tuple[str, Turn]] = []
+            with self._timers:
+                while not self._stopped:
+                    now = self._clock()
+                    while self._heap and self._heap[0][0] <= now:
+                        _, _, kind, turn = heapq.heappop(self._heap)
+                        due.append((kind, turn))
+                    if due or (next_sweep is not None and time.monotonic() >= next_sweep):
+                        break
+                    waits = [self._heap[0][0] - now] if self._heap else []
+                    if next_sweep is not None:
+                        waits.append(next_sweep - time.monotonic())
+                    self._timers.wait(max(0.0, min(waits)) if waits else None)
+                if self._stopped:
+                    return
+            for kind, turn in due:
+                try:
+                    if kind == "timeout":
+                        self._time_out(turn)
+                    else:
+                        self._park(turn)
+                except Exception:
+                    log.exception("%s of session %s failed", kind, turn.session_id)
+            if next_sweep is not None and time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + (sweep_every or 1.0)
+                try:
+                    removed = self.sweep()
+                except Exception:
+                    log.exception("TTL sweep failed")
+                else:
+                    if removed:
+                        log.info("TTL sweep removed %d idle or errored sessions", len(removed))
+
+    def _time_out(self, turn: Turn) -> None:
+        with self._registry:
+            session = self._sessions.get(turn.session_id)
+        if session is None:
+            return
+        after = _After()
+        with session.lock:
+            if session.turn is not turn or turn.state is TurnState.ENDED:
+                return
+            if turn.deadline is not None and turn.deadline > self._clock():
+                self._schedule(turn.deadline, "timeout", turn)
+                return
+            self._end_locked(session, turn, error=TIMED_OUT, after=after)
+        self._finish(after)
+
+    def _park(self, turn: Turn) -> None:
+        """WAITING -> PARKED once it has waited ``park_after`` and its worker is quiet."""
+        with self._registry:
+            session = self._sessions.get(turn.session_id)
+        if session is None or self.park_after is None:
+            return
+        after = _After()
+        with session.lock:
+            if session.turn is not turn or turn.state is not TurnState.WAITING or turn.handle is None:
+                return
+            quiet_at = turn.last_heard + max(self.park_after, PARK_SETTLE_SECONDS)
+            if time.monotonic() < quiet_at or turn.tool_in_flight():
+                retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + 0.5
+                self._schedule(retry, "park", turn, monotonic=True)
+                return
+            after.kill.append(turn.handle)
+            turn.handle = None
+            turn.move(TurnState.PARKED)
+        self._finish(after)
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "(no message)"

@@ -72,7 +72,9 @@ class Served:
     def __init__(self, agent: str, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        # The store is memory unless $MOTUS_STORE says otherwise (bench/durable_bench.py
+        # compares stores); the default SQLite file would be shared by every run.
+        env = dict(os.environ, PYTHONPATH=str(ROOT), MOTUS_STORE=os.environ.get("MOTUS_STORE", "memory"))
         self.log = open(ROOT / "bench" / ".server.log", "w")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "motus", "serve", "start", agent, "--port", str(self.port), "--log-level", "warning", *args],

@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS journal (
 
 
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
 def _loads(text: str | None) -> Any:

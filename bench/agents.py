@@ -25,3 +25,14 @@ async def mixed(message: ChatMessage, state: list[ChatMessage]):
     if message.content == "wait":
         return await timed_interrupt(message, state)
     return await echo(message, state)
+
+
+async def approve_once(message: ChatMessage, state: list[ChatMessage]):
+    """Interrupts once with a fixed payload, so a replay after parking raises the very same
+    interrupt and matches the journal (``timed_interrupt`` stamps its payload with the clock,
+    which a replay would see as a divergence). Code after the ``interrupt()`` runs once, in
+    the process that gets the value, so the reply can stamp when the value reached the agent."""
+    value = await interrupt({"type": "tool_approval", "tool_name": "bench", "tool_args": {}})
+    resumed_at = time.time()
+    response = ChatMessage.assistant_message(content=f"{resumed_at!r}", user_params={"value": value})
+    return response, state + [message, response]

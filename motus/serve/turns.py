@@ -690,14 +690,15 @@ class Turns:
         for entry in turn.pending():
             session.retire(entry.ref or "", why)
         session.status, session.response, session.error, session.state, session.touched = status, response, error, new_state, now
-        self._stop_turn_locked(turn, after, graceful=error is not None)
+        self._stop_turn_locked(turn, after)
+        session.turn = None  # its journal goes with it; late messages from it are ignored
         after.publish.append(session.session_id)
         after.ended.append(
             TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
                     messages=list(new_state), webhook=turn.webhook)
         )
 
-    def _stop_turn_locked(self, turn: Turn, after: _After, graceful: bool = True) -> None:
+    def _stop_turn_locked(self, turn: Turn, after: _After) -> None:
         after.freed += turn.move(TurnState.ENDED)
         turn.queued_values.clear()
         if turn.handle is not None:
@@ -728,7 +729,7 @@ class Turns:
             return False
         after = _After()
         with session.lock:
-            if session.deleted or session.turn is not turn or self._stopped:
+            if session.deleted or session.turn is not turn:
                 return False
             if turn.state is TurnState.QUEUED:
                 job = Job(

@@ -84,7 +84,7 @@ class _Channel:
         if self._closed:
             raise EOFError("Worker pipe closed")
         kind = payload.get("type")
-        recorded = self.journal.claim(INTERRUPT, canonical_payload(payload), f"{kind if isinstance(kind, str) else 'unknown'}")
+        recorded = await self.journal.claim_async(INTERRUPT, canonical_payload(payload), f"{kind if isinstance(kind, str) else 'unknown'}")
         if recorded is not None and recorded.done:
             return unpack(recorded.value)  # answered before this replay: no pause at all
         if self._max_interrupts and len(self._pending) >= self._max_interrupts:

@@ -12,7 +12,8 @@ gated tools in one model step, ``asyncio.gather`` over interrupts) replay correc
 - a call whose key matches an unconsumed record consumes the first such record;
 - a call that matches nothing is new, and runs, *unless* an unconsumed record of the same
   kind and label is still waiting (the same step, tool, interrupt type or model endpoint
-  reached with other inputs): that is a divergence;
+  reached with other inputs) after every other ready branch of the turn had its chance to
+  consume it: that is a divergence;
 - a turn that ends with records it never reached has diverged too.
 
 A divergence fails the turn with ``Replay diverged: ...`` naming the first record that
@@ -31,15 +32,21 @@ guarded by one lock; sends go through the channel, which serialises them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import json
 import pickle
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from motus.serve.protocol import JournalEntry, Record
+
+
+#: How often a same-label conflict is looked at again before it counts as a divergence.
+CONFLICT_RETRIES = 50
 
 
 class ReplayDiverged(Exception):
@@ -57,11 +64,13 @@ class _Sender(Protocol):
 
 
 def digest(value: Any) -> str:
-    """A stable key for JSON-able inputs (sorted keys); ``repr`` for anything else."""
-    try:
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
-    except (TypeError, ValueError):
-        text = repr(value)
+    """A key for inputs that is the same in every process: JSON with sorted keys (pydantic
+    models and dataclasses by their fields); an object with no data form counts by its
+    type only, never by ``repr`` (which may hold a memory address)."""
+    from pydantic_core import to_jsonable_python
+
+    data = to_jsonable_python(value, fallback=lambda obj: f"<{type(obj).__module__}.{type(obj).__qualname__}>")
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
@@ -103,23 +112,55 @@ class Journal:
         with self._lock:
             return bool(self._unconsumed)
 
-    def claim(self, kind: str, key: str, label: str) -> JournalEntry | None:
-        """The recorded entry this call replays, or None for a new call (see module doc)."""
+    def _try_claim(self, kind: str, key: str, label: str) -> tuple[JournalEntry | None, JournalEntry | None]:
+        """``(record to replay, None)``, ``(None, None)`` for a new call, or ``(None,
+        conflicting record)`` while an unconsumed record of the same kind and label waits."""
         with self._lock:
             if self.diverged is not None:
                 raise self.diverged
             for index, entry in enumerate(self._unconsumed):
                 if entry.kind == kind and entry.key == key:
                     del self._unconsumed[index]
-                    return entry
+                    return entry, None
             for entry in self._unconsumed:
                 if entry.kind == kind and entry.label == label:
-                    self.diverged = ReplayDiverged(
-                        f"Replay diverged: the agent reached {kind} {label} with other inputs than "
-                        f"{entry.describe()} in the journal"
-                    )
-                    raise self.diverged
-            return None
+                    return None, entry
+            return None, None
+
+    def _diverge(self, kind: str, label: str, entry: JournalEntry) -> ReplayDiverged:
+        with self._lock:
+            if self.diverged is None:
+                self.diverged = ReplayDiverged(
+                    f"Replay diverged: the agent reached {kind} {label} with other inputs than "
+                    f"{entry.describe()} in the journal"
+                )
+            return self.diverged
+
+    def claim(self, kind: str, key: str, label: str) -> JournalEntry | None:
+        """The recorded entry this call replays, or None for a new call (blocking callers:
+        model requests run in threads). A same-label conflict is given a moment to resolve,
+        since a concurrent call may be about to consume that record (see ``claim_async``)."""
+        for _ in range(CONFLICT_RETRIES):
+            entry, conflict = self._try_claim(kind, key, label)
+            if conflict is None:
+                return entry
+            time.sleep(0.001)
+        raise self._diverge(kind, label, conflict)
+
+    async def claim_async(self, kind: str, key: str, label: str) -> JournalEntry | None:
+        """The recorded entry this call replays, or None for a new call.
+
+        When an unconsumed record of the same kind and label has other inputs, a concurrent
+        branch of the same code may simply not have reached it yet (replayed results return
+        at once, so the order of concurrent calls can differ from the first run). So the
+        call yields to the event loop and looks again; only a conflict that survives every
+        other ready branch is a divergence."""
+        for _ in range(CONFLICT_RETRIES):
+            entry, conflict = self._try_claim(kind, key, label)
+            if conflict is None:
+                return entry
+            await asyncio.sleep(0)
+        raise self._diverge(kind, label, conflict)
 
     def new_seq(self) -> int:
         with self._lock:
@@ -155,7 +196,7 @@ class Journal:
     async def call(self, kind: str, key: str, label: str, fn: Callable[[], Awaitable[Any]], *, gated: bool = False) -> Any:
         """Run or replay an async call. ``gated``: write a *started* mark, acknowledged by
         the server, before ``fn`` runs, and never run it again after a stop (see module doc)."""
-        entry = self.claim(kind, key, label)
+        entry = await self.claim_async(kind, key, label)
         if entry is not None and entry.done:
             return unpack(entry.value)
         if entry is not None and gated:

@@ -291,6 +291,7 @@ class Turns:
         self._counter = itertools.count()
         self._closing = False
         self._stopped = False
+        self._draining_done = False  # the shutdown grace is over: no slot is handed out
         self._housekeeper: threading.Thread | None = None
 
     # -- start and stop ------------------------------------------------------------------
@@ -369,6 +370,7 @@ class Turns:
                 if remaining is not None and remaining <= 0:
                     break
                 self._sched.wait(0.1 if remaining is None else min(0.1, remaining))
+        self._draining_done = True
         for session in self._all():
             self._settle_for_shutdown(session, force=True)
         with self._timers:
@@ -729,8 +731,8 @@ class Turns:
             return False
         after = _After()
         with session.lock:
-            if session.deleted or session.turn is not turn:
-                return False
+            if session.deleted or session.turn is not turn or self._draining_done:
+                return False  # gone, moved on, or past the shutdown grace: start nothing new
             if turn.state is TurnState.QUEUED:
                 job = Job(
                     session_id=turn.session_id, turn_id=turn.turn_id, message=turn.message, state=list(session.state),

@@ -179,7 +179,7 @@ class Tool:
         journal = current_journal()
         if journal is None:
             return await self._call_function(arguments)
-        key = f"{self.name}:{digest(to_jsonable_python(arguments, fallback=repr))}"
+        key = f"{self.name}:{digest(arguments)}"
         return await journal.call(
             TOOL, key, self.name, lambda: self._call_function(arguments), gated=bool(self.requires_approval)
         )

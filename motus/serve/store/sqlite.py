@@ -123,22 +123,11 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"Cannot open store {self.url}: {exc}") from None
         try:
+            self._check_version(conn)  # before anything is written: a refused file stays as it was
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            else:
-                try:
-                    version = int(row[0])
-                except ValueError:
-                    raise StoreError(f"Store {self.path} has an unreadable schema version {row[0]!r}; it was not written by motus") from None
-                if version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"Store {self.path} has schema version {version}, newer than this motus understands "
-                        f"({SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
-                    )
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"Store {self.path} is not a usable SQLite database ({exc}); move it away or choose another --store") from None
@@ -146,6 +135,21 @@ class SqliteStore(Store):
             conn.close()
             raise
         self._conn = conn
+
+    def _check_version(self, conn: sqlite3.Connection) -> None:
+        has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if has_meta else None
+        if row is None:
+            return  # a new file (or one from before versions): created below
+        try:
+            version = int(row[0])
+        except ValueError:
+            raise StoreError(f"Store {self.path} has an unreadable schema version {row[0]!r}; it was not written by motus") from None
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"Store {self.path} has schema version {version}, newer than this motus understands "
+                f"({SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
+            )
 
     def close(self) -> None:
         with self._lock:

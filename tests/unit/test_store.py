@@ -1,0 +1,296 @@
+"""The session stores (``motus.serve.store``): SQLite files under ``tmp_path``, and store URLs."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from motus.serve.journal import pack, unpack
+from motus.serve.protocol import INTERRUPT, MODEL, TOOL, JournalEntry
+from motus.serve.store import (
+    SCHEMA_VERSION,
+    MemoryStore,
+    SessionRecord,
+    StoreError,
+    TurnRecord,
+    default_store_url,
+    store_from_url,
+)
+from motus.serve.store.sqlite import SqliteStore
+
+MESSAGE = {"role": "user", "content": "héllo"}
+REPLY = {"role": "assistant", "content": "hi"}
+
+PENDING = JournalEntry(
+    seq=1, kind=INTERRUPT, key='{"type": "tool_approval"}', label="tool_approval", ref="int-1",
+    payload={"type": "tool_approval", "args": {"path": "/tmp", "n": [1, 2.5, None]}},
+)
+ANSWERED = JournalEntry(
+    seq=2, kind=INTERRUPT, key='{"type": "color"}', label="color", done=True, value=pack(("ok", "blue")), ref="int-2",
+    payload={"type": "color"}, answered_at=1767225600.25, answered_by="ops",
+)
+MODEL_CALL = JournalEntry(seq=3, kind=MODEL, key="d41d8cd9", label="chat", done=True, value=b"\x00\x01\xffraw bytes")
+STARTED = JournalEntry(seq=4, kind=TOOL, key="delete_db:{}", label="delete_db")
+
+
+def session(session_id: str = "s1", turn: TurnRecord | None = None, **changes: object) -> SessionRecord:
+    fields: dict[str, object] = {
+        "session_id": session_id, "status": "interrupted" if turn else "idle", "state": [MESSAGE, REPLY],
+        "response": REPLY, "error": None, "turn_id": turn.turn_id if turn else 0, "touched": 1767225600.5, "turn": turn,
+    }
+    fields.update(changes)
+    return SessionRecord(**fields)  # type: ignore[arg-type]
+
+
+def live_turn(turn_id: int = 1) -> TurnRecord:
+    return TurnRecord(turn_id=turn_id, message=MESSAGE, webhook={"url": "https://hook.example/x", "secret": "s"}, deadline=1767229200.0)
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "sessions.sqlite3"
+
+
+@pytest.fixture
+def opened(db_path: Path) -> Iterator[SqliteStore]:
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    yield store
+    store.close()
+
+
+def reopen(store: SqliteStore) -> list[SessionRecord]:
+    """Close ``store`` and load everything through a fresh store on the same file."""
+    store.close()
+    fresh = SqliteStore(store.url, store.path)
+    fresh.open()
+    try:
+        return list(fresh.load())
+    finally:
+        fresh.close()
+
+
+# -- round trips -----------------------------------------------------------------------------
+
+
+def test_a_session_with_a_live_turn_and_its_journal_round_trips(opened: SqliteStore) -> None:
+    assert opened.kind == "sqlite" and opened.durable
+    record = session(turn=live_turn())
+    opened.save(record, [PENDING, ANSWERED])
+    opened.save_entries("s1", 1, [MODEL_CALL, STARTED])
+    [loaded] = reopen(opened)
+    assert loaded.turn is not None
+    assert loaded.turn.journal == [PENDING, ANSWERED, MODEL_CALL, STARTED]
+    assert loaded == session(turn=TurnRecord(**{**live_turn().__dict__, "journal": [PENDING, ANSWERED, MODEL_CALL, STARTED]}))
+    assert isinstance(loaded.turn.journal[2].value, bytes) and unpack(loaded.turn.journal[1].value) == "blue"
+
+
+def test_entries_are_inserted_or_replaced_by_seq(opened: SqliteStore) -> None:
+    opened.save(session(turn=live_turn()), [PENDING, STARTED])
+    finished = STARTED.finished(pack(("ok", "deleted")))
+    answered = PENDING.finished(pack(("ok", True)), answered_at=5.0)
+    opened.save_entries("s1", 1, [finished])
+    opened.save(session(turn=live_turn(), status="running"), [answered])
+    [loaded] = reopen(opened)
+    assert loaded.status == "running"
+    assert loaded.turn is not None and loaded.turn.journal == [answered, finished]
+
+
+def test_a_session_saved_without_a_turn_has_no_journal(opened: SqliteStore) -> None:
+    opened.save(session(turn=live_turn()), [PENDING, MODEL_CALL])
+    opened.save(session(status="idle"), [ANSWERED])  # the turn ended: its journal goes, entries ignored
+    [loaded] = list(opened.load())
+    assert loaded.turn is None and loaded.status == "idle"
+    opened.save(session(turn=live_turn(turn_id=2), status="running"))  # a new turn starts empty
+    [loaded] = reopen(opened)
+    assert loaded.turn is not None and (loaded.turn.turn_id, loaded.turn.journal) == (2, [])
+
+
+def test_a_new_turn_drops_the_journal_of_the_previous_one(opened: SqliteStore) -> None:
+    opened.save(session(turn=live_turn(turn_id=1)), [PENDING])
+    opened.save(session(turn=live_turn(turn_id=2), status="running"), [MODEL_CALL])
+    [loaded] = list(opened.load())
+    assert loaded.turn is not None and loaded.turn.journal == [MODEL_CALL]
+
+
+def test_delete_forgets_the_session_and_its_journal(opened: SqliteStore) -> None:
+    opened.save(session("s1", turn=live_turn()), [PENDING])
+    opened.save(session("s2", touched=1767225601.0))
+    opened.delete("s1")
+    opened.delete("never-there")
+    assert [r.session_id for r in opened.load()] == ["s2"]
+    opened.save(session("s1", turn=live_turn()))
+    [s1] = [r for r in reopen(opened) if r.session_id == "s1"]
+    assert s1.turn is not None and s1.turn.journal == []
+
+
+def test_sessions_load_oldest_write_first(opened: SqliteStore) -> None:
+    opened.save(session("b", touched=2.0))
+    opened.save(session("a", touched=3.0))
+    opened.save(session("c", touched=1.0))
+    assert [r.session_id for r in opened.load()] == ["c", "b", "a"]
+
+
+def test_the_store_takes_what_the_memory_store_does(opened: SqliteStore) -> None:
+    opened.save(session(state=[{"role": "tool", "content": "x", "score": math.nan}], response={"inf": math.inf}))
+    [loaded] = reopen(opened)
+    assert math.isnan(loaded.state[0]["score"]) and loaded.response == {"inf": math.inf}
+
+
+def test_a_closed_store_refuses_reads_and_writes(opened: SqliteStore) -> None:
+    opened.close()
+    opened.close()  # idempotent
+    with pytest.raises(StoreError, match="is closed"):
+        opened.save(session())
+    with pytest.raises(StoreError, match="is closed"):
+        list(opened.load())
+
+
+def test_the_memory_store_keeps_nothing() -> None:
+    store = MemoryStore()
+    store.check()
+    store.save(session(turn=live_turn()), [PENDING])
+    store.save_entries("s1", 1, [MODEL_CALL])
+    store.delete("s1")
+    assert list(store.load()) == [] and not store.durable and store.kind == "memory"
+
+
+# -- one server per file ---------------------------------------------------------------------
+
+
+def test_a_second_open_of_the_same_file_is_refused_until_the_first_closes(db_path: Path) -> None:
+    first = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    second = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    first.open()
+    try:
+        with pytest.raises(StoreError) as refused:
+            second.open()
+        message = str(refused.value)
+        assert str(db_path) in message and f"pid {os.getpid()}" in message and "PostgreSQL" in message
+        assert "\n" not in message
+        first.save(session())  # the first is unaffected
+    finally:
+        first.close()
+    second.open()
+    try:
+        assert [r.session_id for r in second.load()] == ["s1"]
+    finally:
+        second.close()
+
+
+def test_check_opens_and_closes(db_path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.check()
+    store.check()
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
+    conn.close()
+
+
+def test_open_creates_the_folder(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "s.sqlite3"
+    store = SqliteStore(f"sqlite:///{path}", str(path))
+    store.open()
+    store.close()
+    assert path.is_file()
+
+
+# -- files it must not use -------------------------------------------------------------------
+
+
+def test_a_corrupt_file_is_refused_with_a_one_line_message(db_path: Path) -> None:
+    garbage = random.Random(7).randbytes(8192)
+    db_path.write_bytes(garbage)
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    for _ in range(2):  # the failed open released its claim on the file
+        with pytest.raises(StoreError) as refused:
+            store.open()
+        message = str(refused.value)
+        assert "\n" not in message and str(db_path) in message and "not a usable SQLite database" in message
+    assert db_path.read_bytes() == garbage
+
+
+def test_a_file_from_a_newer_motus_is_refused_and_not_modified(db_path: Path) -> None:
+    made = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    made.open()
+    made.save(session(turn=live_turn()), [PENDING])
+    made.close()
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.close()
+    before = db_path.read_bytes()
+
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    with pytest.raises(StoreError) as refused:
+        store.open()
+    message = str(refused.value)
+    assert "\n" not in message and "schema version 99" in message and f"({SCHEMA_VERSION})" in message
+    assert db_path.read_bytes() == before
+    with pytest.raises(StoreError, match="schema version 99"):  # and the claim was released
+        store.open()
+
+
+def test_a_newer_schema_with_other_tables_is_not_modified(db_path: Path) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '99')")
+        conn.execute("CREATE TABLE turns_v99 (id TEXT PRIMARY KEY)")
+    conn.close()
+    before = db_path.read_bytes()
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    with pytest.raises(StoreError, match="schema version 99.*The file was not changed"):
+        store.open()
+    assert db_path.read_bytes() == before
+
+
+def test_an_unreadable_schema_version_is_refused(db_path: Path) -> None:
+    SqliteStore(f"sqlite:///{db_path}", str(db_path)).check()
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE meta SET value = 'v-two' WHERE key = 'schema_version'")
+    conn.close()
+    with pytest.raises(StoreError, match="unreadable schema version 'v-two'") as refused:
+        SqliteStore(f"sqlite:///{db_path}", str(db_path)).open()
+    assert "\n" not in str(refused.value)
+
+
+# -- URLs ------------------------------------------------------------------------------------
+
+
+def test_store_from_url_accepts_memory_and_sqlite_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(store_from_url("memory"), MemoryStore)
+    assert isinstance(store_from_url("  memory\n"), MemoryStore)
+
+    relative = store_from_url("sqlite:///data/s.db")
+    assert isinstance(relative, SqliteStore)
+    assert (relative.url, relative.path) == ("sqlite:///data/s.db", str(tmp_path / "data" / "s.db"))
+
+    absolute = store_from_url(f"sqlite:///{tmp_path}/abs.db")  # sqlite:////tmp/...
+    assert isinstance(absolute, SqliteStore) and absolute.path == str(tmp_path / "abs.db")
+    assert absolute.url.startswith("sqlite:////")
+    absolute.open()  # and it is a working store
+    absolute.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "sqlite:///", "sqlite:///data/", "sqlite://s.db", "sqlite:s.db", "mysql://db/x", "postgresql://db/x", "Memory", "file.db"],
+)
+def test_store_from_url_rejects_malformed_urls(url: str) -> None:
+    with pytest.raises(StoreError) as refused:
+        store_from_url(url)
+    message = str(refused.value)
+    assert "\n" not in message and ("sqlite:///" in message or "memory" in message)
+
+
+def test_default_store_url_is_named_after_the_agent() -> None:
+    assert default_store_url("pkg.mod:agent") == "sqlite:///.motus/pkg.mod.agent.sqlite3"
+    assert default_store_url("my agents/x y:bot") == "sqlite:///.motus/my_agents_x_y.bot.sqlite3"
+    assert default_store_url(None) == "memory"
+    assert default_store_url("") == "memory"

@@ -1,0 +1,869 @@
+"""The turn state machine and its sessions (``motus.serve.turns``), without a server.
+
+These are unit tests of the state machine, so no worker process is ever started:
+``Turns.start()`` is given ``RecordingPool``, a small stand-in for ``WorkerPool`` with just
+the four calls ``turns.py`` makes (``launch``, ``send``, ``stop``, ``kill``), which records
+them. What a worker process would report is fed in by calling ``turns.worker_message`` with
+the handle the stand-in received in ``launch``. The integration tests
+(``tests/integration/serve``) drive the same code with real worker processes.
+
+Every ``Turns`` here is made by the ``make_turns`` fixture, which ends the turns still
+running and calls ``turns.shutdown(0)`` after the test, so the housekeeper thread never
+outlives it (the autouse ``no_leaks`` fixture fails tests that leak threads).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from freezegun.api import FrozenDateTimeFactory
+
+from motus.serve.errors import (
+    InterruptNotPending,
+    InvalidTransition,
+    ServerUnavailable,
+    SessionConflict,
+    SessionLimitReached,
+    SessionNotFound,
+)
+from motus.serve.events import Events
+from motus.serve.pool import Handle
+from motus.serve.journal import pack, unpack
+from motus.serve.protocol import STEP, TOOL, Ack, Failure, Interrupt, JournalEntry, Record, Result, Resume
+from motus.serve.store import MemoryStore, SessionRecord, Store, store_from_url
+from motus.serve.turns import (
+    _MOVES,
+    CANCELLED,
+    NOT_WAITING,
+    TIMED_OUT,
+    PendingInterrupt,
+    SessionStatus,
+    SessionView,
+    Turn,
+    TurnEnd,
+    Turns,
+    TurnState,
+)
+
+MESSAGE = {"role": "user", "content": "hi"}
+REPLY = {"role": "assistant", "content": "hello"}
+APPROVAL = {"type": "tool_approval", "tool": "delete_db"}
+
+RUNNING, INTERRUPTED, IDLE, ERROR = (
+    SessionStatus.RUNNING,
+    SessionStatus.INTERRUPTED,
+    SessionStatus.IDLE,
+    SessionStatus.ERROR,
+)
+
+
+# -- the stand-ins ---------------------------------------------------------------------------
+
+
+class RecordingPool:
+    """Stands in for ``WorkerPool``: records what ``Turns`` asks of worker processes."""
+
+    def __init__(self) -> None:
+        self.launched: list[Handle] = []
+        self.sent: list[tuple[Handle, object]] = []
+        self.stopped: list[Handle] = []
+        self.killed: list[Handle] = []
+        self.any_killed = threading.Event()
+
+    def launch(self, handle: Handle) -> None:
+        self.launched.append(handle)
+
+    def send(self, handle: Handle, message: object) -> None:
+        self.sent.append((handle, message))
+
+    def stop(self, handle: Handle) -> None:
+        self.stopped.append(handle)
+
+    def kill(self, handle: Handle) -> None:
+        self.killed.append(handle)
+        self.any_killed.set()
+
+    def handle(self, session_id: str) -> Handle:
+        """The latest process launched for ``session_id``."""
+        handles = [h for h in self.launched if h.session_id == session_id]
+        assert handles, f"no process was launched for session {session_id}"
+        return handles[-1]
+
+    def sent_to(self, handle: Handle) -> list[object]:
+        return [message for h, message in self.sent if h is handle]
+
+
+class FailingStore(Store):
+    """A store whose writes fail while ``failing`` is set (a full disk, say)."""
+
+    kind = "failing"
+    durable = False
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.saved: list[SessionRecord] = []
+
+    def load(self) -> Iterator[SessionRecord]:
+        return iter(())
+
+    def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = ()) -> None:
+        if self.failing:
+            raise OSError("disk full")
+        self.saved.append(record)
+
+    def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
+        if self.failing:
+            raise OSError("disk full")
+
+    def delete(self, session_id: str) -> None:
+        if self.failing:
+            raise OSError("disk full")
+
+
+MakeTurns = Callable[..., tuple[Turns, RecordingPool]]
+
+
+@pytest.fixture
+def make_turns() -> Iterator[MakeTurns]:
+    """``make_turns(max_workers=2, store=None, start=True, **Turns options) -> (turns, pool)``;
+    with ``start=False`` the test calls ``turns.start(pool)`` itself (after ``recover``)."""
+    made: list[tuple[Turns, RecordingPool]] = []
+
+    def make(max_workers: int = 2, store: Store | None = None, start: bool = True, **options: Any) -> tuple[Turns, RecordingPool]:
+        turns = Turns(store if store is not None else MemoryStore(), Events(), max_workers=max_workers, **options)
+        pool = RecordingPool()
+        if start:
+            turns.start(pool)
+        made.append((turns, pool))
+        return turns, pool
+
+    yield make
+    for turns, pool in made:
+        # shutdown(0) waits as long as running turns take: end them the way a worker would.
+        # Ending one may hand its slot to a queued turn, which then gets a process too.
+        reported: list[Handle] = []
+        while fresh := [h for h in pool.launched if not any(h is r for r in reported)]:
+            for handle in fresh:
+                reported.append(handle)
+                turns.worker_message(handle, Failure(error="the test is over"))
+        turns.shutdown(0)
+
+
+def state_of(turns: Turns, session_id: str) -> TurnState | None:
+    """The state of the session's live turn (None when it has none)."""
+    turn = turns._session(session_id).turn
+    return None if turn is None else turn.state
+
+
+def slots_in_use(turns: Turns) -> int:
+    return turns.counts()["running_workers"]
+
+
+def interrupted(turns: Turns, pool: RecordingPool, session_id: str, *ids: str) -> Handle:
+    """Start a turn on ``session_id`` and have its worker raise the interrupts ``ids``."""
+    turns.start_turn(session_id, MESSAGE)
+    handle = pool.handle(session_id)
+    for seq, interrupt_id in enumerate(ids, start=1):
+        turns.worker_message(handle, Interrupt(interrupt_id=interrupt_id, payload=APPROVAL, seq=seq))
+    return handle
+
+
+def pending_ids(turns: Turns, session_id: str) -> list[str]:
+    return [i.interrupt_id for i in turns.get(session_id).interrupts]
+
+
+# -- the diagram -----------------------------------------------------------------------------
+
+Q, R, W, RS, P, E = (TurnState.QUEUED, TurnState.RUNNING, TurnState.WAITING, TurnState.RESUMING, TurnState.PARKED, TurnState.ENDED)
+
+#: The module docstring's diagram, edge by edge.
+DIAGRAM = {
+    (Q, R),  # compute slot
+    (R, W),  # Interrupt
+    (W, W),  # partial resume (value sent now); another interrupt of the same gather
+    (W, RS),  # last resume: the values wait for a slot
+    (W, P),  # park-after
+    (P, P),  # partial resume of a parked turn (recorded only)
+    (P, Q),  # last resume: replay
+    (RS, R),  # compute slot: queued values sent
+    (RS, W),  # Interrupt: queued values sent at once
+    *((state, E) for state in TurnState if state is not E),  # Result | Failure | exit | delete | timeout | shutdown
+}
+
+
+def test_the_move_table_is_the_diagram() -> None:
+    assert {(old, new) for old, targets in _MOVES.items() for new in targets} == DIAGRAM
+    assert set(_MOVES) == set(TurnState)
+
+
+@pytest.mark.parametrize(("old", "new"), list(itertools.product(TurnState, TurnState)), ids=lambda s: s.value)
+def test_turn_move_allows_exactly_the_moves_of_the_table(old: TurnState, new: TurnState) -> None:
+    turn = Turn(session_id="s", turn_id=3, message=MESSAGE, webhook=None, deadline=None, state=old)
+    if new in _MOVES[old]:
+        freed = turn.move(new)
+        assert turn.state is new
+        assert freed is (old is R and new is not R)  # a slot is held exactly while RUNNING
+    else:
+        with pytest.raises(InvalidTransition, match=f"^turn 3 of session s: {old.value} -> {new.value}$"):
+            turn.move(new)
+        assert turn.state is old
+
+
+# -- a turn's life ---------------------------------------------------------------------------
+
+
+def test_full_turn_with_two_interrupts(make_turns: MakeTurns) -> None:
+    ends: list[TurnEnd] = []
+    turns, pool = make_turns(on_end=ends.append)
+    sid = turns.create().session_id
+    assert turns.get(sid).status is IDLE
+
+    turns.start_turn(sid, MESSAGE)
+    view = turns.get(sid)
+    assert (view.status, view.turn_id, view.response, view.error) == (RUNNING, 1, None, None)
+    handle = pool.handle(sid)
+    assert (handle.job.message, handle.job.state, handle.job.journal) == (MESSAGE, [], ())
+    assert state_of(turns, sid) is R and slots_in_use(turns) == 1
+
+    turns.worker_message(handle, Interrupt(interrupt_id="a", payload=APPROVAL, seq=1))
+    turns.worker_message(handle, Interrupt(interrupt_id="b", payload={"type": "color_picker", "n": 2}, seq=2))
+    view = turns.get(sid)
+    assert view.status is INTERRUPTED
+    assert view.interrupts == (PendingInterrupt("a", APPROVAL), PendingInterrupt("b", {"type": "color_picker", "n": 2}))
+    assert [i.type for i in view.interrupts] == ["tool_approval", "color_picker"]
+    assert state_of(turns, sid) is W and slots_in_use(turns) == 0
+
+    assert turns.resume(sid, "b", "blue") is INTERRUPTED
+    assert pool.sent_to(handle) == [Resume("b", "blue")]  # a partial resume is sent at once
+    assert pending_ids(turns, sid) == ["a"] and turns.get(sid).status is INTERRUPTED
+
+    assert turns.resume(sid, "a", True) is RUNNING
+    assert pool.sent_to(handle) == [Resume("b", "blue"), Resume("a", True)]
+    assert turns.get(sid).status is RUNNING and turns.get(sid).interrupts == ()
+    assert state_of(turns, sid) is R and slots_in_use(turns) == 1
+
+    turns.worker_message(handle, Result(response=REPLY, state=[MESSAGE, REPLY]))
+    view = turns.get(sid)
+    assert (view.status, view.response, view.error, view.total_messages) == (IDLE, REPLY, None, 2)
+    assert turns.messages(sid) == [MESSAGE, REPLY]
+    assert pool.stopped == [handle] and slots_in_use(turns) == 0
+    assert [(e.session_id, e.status, e.response, e.messages) for e in ends] == [(sid, IDLE, REPLY, [MESSAGE, REPLY])]
+
+
+def test_interrupt_type_defaults_to_unknown(make_turns: MakeTurns) -> None:
+    assert PendingInterrupt("x", {"type": None}).type == "unknown"
+    assert PendingInterrupt("x", {"type": 5}).type == "unknown"
+    assert PendingInterrupt("x", {}).type == "unknown"
+    assert PendingInterrupt("x", {"type": "color_picker"}).type == "color_picker"
+
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    turns.worker_message(handle, Interrupt(interrupt_id="a", payload={"type": 5}, seq=1))
+    turns.worker_message(handle, Interrupt(interrupt_id="b", payload={"question": "?"}, seq=2))
+    assert [i.type for i in turns.get(sid).interrupts] == ["unknown", "unknown"]
+    assert [e.label for e in turns._session(sid).turn.pending()] == ["unknown", "unknown"]  # type: ignore[union-attr]
+
+
+def test_busy_sessions_refuse_messages(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    with pytest.raises(SessionConflict) as running:
+        turns.start_turn(sid, MESSAGE)
+    assert running.value.status_code == 409
+    assert running.value.detail == "Session is running; wait for the turn to finish or delete the session"
+
+    turns.worker_message(pool.handle(sid), Interrupt(interrupt_id="a", payload=APPROVAL, seq=1))
+    with pytest.raises(SessionConflict) as waiting:
+        turns.start_turn(sid, MESSAGE)
+    assert waiting.value.status_code == 409
+    assert waiting.value.detail == "Session is interrupted; resume its pending interrupts or delete the session"
+
+    turns.resume(sid, "a", True)
+    with pytest.raises(SessionConflict, match="^Session is running"):
+        turns.start_turn(sid, MESSAGE)
+    assert len(pool.launched) == 1
+
+
+def test_error_keeps_state_and_accepts_a_new_message(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create(state=[MESSAGE]).session_id
+    first = interrupted(turns, pool, sid, "a")
+    assert first.job.state == [MESSAGE]
+
+    turns.worker_message(first, Failure(error="Traceback ...\nValueError: boom"))
+    view = turns.get(sid)
+    assert (view.status, view.error, view.interrupts, view.response) == (ERROR, "Traceback ...\nValueError: boom", (), None)
+    assert turns.messages(sid) == [MESSAGE]
+    assert pool.stopped == [first] and slots_in_use(turns) == 0
+    with pytest.raises(InterruptNotPending, match=f"^{NOT_WAITING}"):
+        turns.resume(sid, "a", True)
+
+    turns.start_turn(sid, MESSAGE)
+    view = turns.get(sid)
+    assert (view.status, view.error, view.turn_id) == (RUNNING, None, 2)
+    second = pool.handle(sid)
+    assert second is not first and (second.turn_id, second.job.state) == (2, [MESSAGE])
+
+
+def test_record_messages_join_the_journal_and_are_acknowledged_when_asked(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    started = JournalEntry(seq=1, kind=TOOL, key="delete_db:{}", label="delete_db")
+    turns.worker_message(handle, Record(started, ack=True))
+    assert pool.sent_to(handle) == [Ack(1)]
+    assert turns._session(sid).turn.tool_in_flight()  # type: ignore[union-attr]
+    turns.worker_message(handle, Record(started.finished(b"done")))
+    assert pool.sent_to(handle) == [Ack(1)]  # no ack unless asked
+    turn = turns._session(sid).turn
+    assert turn is not None and turn.journal == {1: started.finished(b"done")} and not turn.tool_in_flight()
+
+
+# -- messages from processes the turn no longer owns ------------------------------------------
+
+
+def test_stale_worker_events_are_ignored(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    old = pool.handle(sid)
+    turns.worker_message(old, Failure(error="boom"))
+    turns.start_turn(sid, MESSAGE)
+    new = pool.handle(sid)
+    assert new is not old
+
+    turns.worker_message(old, Interrupt(interrupt_id="late", payload=APPROVAL, seq=1))
+    turns.worker_message(old, Result(response=REPLY, state=[REPLY]))
+    turns.worker_exited(old)
+    view = turns.get(sid)
+    assert (view.status, view.interrupts, view.turn_id, view.error) == (RUNNING, (), 2, None)
+    assert state_of(turns, sid) is R and slots_in_use(turns) == 1
+
+    turns.worker_message(new, Result(response=REPLY, state=[REPLY]))
+    assert turns.get(sid).status is IDLE and turns.messages(sid) == [REPLY]
+    turns.worker_message(new, Failure(error="too late"))  # the turn is over
+    assert turns.get(sid).status is IDLE and turns.get(sid).error is None
+
+    turns.delete(sid)
+    turns.worker_message(new, Failure(error="gone"))
+    turns.worker_exited(new)
+    with pytest.raises(SessionNotFound):
+        turns.get(sid)
+
+
+def test_a_deleted_running_turn_frees_its_slot_and_its_late_messages_are_ignored(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    turns.delete(sid)
+    assert pool.stopped == [handle] and slots_in_use(turns) == 0
+    turns.worker_message(handle, Interrupt(interrupt_id="a", payload=APPROVAL, seq=1))
+    turns.worker_message(handle, Result(response=REPLY, state=[REPLY]))
+    assert len(turns) == 0 and slots_in_use(turns) == 0
+    other = turns.create().session_id
+    turns.start_turn(other, MESSAGE)  # the one slot is free
+    assert state_of(turns, other) is R
+
+
+def test_a_parked_turn_ignores_its_killed_process_and_replays_in_a_new_one(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(park_after=0)
+    sid = turns.create().session_id
+    first = interrupted(turns, pool, sid, "a", "b")
+    assert pool.any_killed.wait(10), "the waiting turn was never parked"
+    assert pool.killed == [first] and state_of(turns, sid) is P
+    assert turns.get(sid).status is INTERRUPTED and pending_ids(turns, sid) == ["a", "b"]
+    assert turns.counts() == {"running_workers": 0, "live_turns": 0, "parked_turns": 1}
+
+    turns.worker_message(first, Result(response=REPLY, state=[REPLY]))  # the killed process
+    turns.worker_exited(first)
+    assert state_of(turns, sid) is P and pending_ids(turns, sid) == ["a", "b"]
+
+    assert turns.resume(sid, "b", 2) is INTERRUPTED
+    assert state_of(turns, sid) is P and pool.sent == [] and len(pool.launched) == 1  # recorded only
+    assert turns.resume(sid, "a", 1) is RUNNING
+    replay = pool.handle(sid)
+    assert replay is not first and state_of(turns, sid) is R
+    assert [(e.seq, e.ref, e.done) for e in replay.job.journal] == [(1, "a", True), (2, "b", True)]
+    assert pool.sent == []  # the answers travel in the journal, not as Resume messages
+
+    turns.worker_message(first, Failure(error="still dead"))
+    assert state_of(turns, sid) is R
+    turns.worker_message(replay, Result(response=REPLY, state=[MESSAGE, REPLY]))
+    assert turns.get(sid).status is IDLE and turns.get(sid).response == REPLY
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+
+def test_resume_404_details_say_why(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    with pytest.raises(InterruptNotPending) as idle:
+        turns.resume(sid, "a", True)
+    assert idle.value.status_code == 404 and idle.value.detail == NOT_WAITING
+
+    handle = interrupted(turns, pool, sid, "a", "b")
+    turns.resume(sid, "a", True)
+    with pytest.raises(InterruptNotPending) as again:
+        turns.resume(sid, "a", True)
+    assert again.value.detail == "Interrupt a is not pending: it was already resumed"
+    with pytest.raises(InterruptNotPending) as unknown:
+        turns.resume(sid, "zzz", True)
+    assert unknown.value.detail == "Interrupt zzz not found among the session's pending interrupts"
+    with pytest.raises(SessionNotFound) as no_session:
+        turns.resume("nope", "a", True)
+    assert no_session.value.status_code == 404 and no_session.value.detail == "Session nope not found"
+
+    turns.resume(sid, "b", True)
+    with pytest.raises(InterruptNotPending) as running:
+        turns.resume(sid, "b", True)
+    assert running.value.detail == f"{NOT_WAITING} (interrupt b: it was already resumed)"
+    with pytest.raises(InterruptNotPending) as never:
+        turns.resume(sid, "zzz", True)
+    assert never.value.detail == NOT_WAITING
+
+    turns.worker_message(handle, Interrupt(interrupt_id="c", payload=APPROVAL, seq=3))
+    turns.worker_message(handle, Result(response=REPLY, state=[REPLY]))
+    with pytest.raises(InterruptNotPending) as finished:
+        turns.resume(sid, "c", True)
+    assert finished.value.detail == f"{NOT_WAITING} (interrupt c: its turn has already finished)"
+
+    failed = interrupted(turns, pool, sid, "d")
+    turns.worker_message(failed, Failure(error="Traceback (most recent call last):\n  ...\nRuntimeError: quota"))
+    with pytest.raises(InterruptNotPending) as errored:
+        turns.resume(sid, "d", True)
+    assert errored.value.detail == f"{NOT_WAITING} (interrupt d: its turn ended with an error (RuntimeError: quota))"
+
+
+def test_an_interrupt_is_answered_exactly_once_even_by_racing_resumes(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "a", "b")
+    outcomes: list[object] = []
+    barrier = threading.Barrier(8)
+
+    def racer(value: int) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(turns.resume(sid, "a", value))
+        except InterruptNotPending as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=racer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert [o for o in outcomes if o is INTERRUPTED] == [INTERRUPTED]
+    assert len([o for o in outcomes if isinstance(o, InterruptNotPending)]) == 7
+    assert len(pool.sent_to(handle)) == 1 and pending_ids(turns, sid) == ["b"]
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+def test_session_limit_and_duplicate_ids(make_turns: MakeTurns) -> None:
+    turns, _ = make_turns(max_sessions=1)
+    assert turns.create(session_id="one").session_id == "one"
+    with pytest.raises(SessionConflict) as duplicate:
+        turns.create(session_id="one")
+    assert duplicate.value.status_code == 409 and duplicate.value.detail == "Session one already exists"
+    with pytest.raises(SessionLimitReached) as full:
+        turns.create()
+    assert full.value.status_code == 503
+    assert full.value.detail == "Session limit reached (1); delete a session or raise --max-sessions"
+    assert len(turns) == 1
+    turns.delete("one")
+    with pytest.raises(SessionNotFound):
+        turns.delete("one")
+    assert turns.create().session_id != "one"
+
+
+def frozen_clock() -> tuple[FrozenDateTimeFactory, Callable[[], float]]:
+    """A wall clock that only moves when ticked (freezegun's factory, nothing patched)."""
+    factory = FrozenDateTimeFactory(datetime(2026, 1, 1))
+    return factory, lambda: factory().replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_ttl_sweeps_only_idle_and_error_sessions(make_turns: MakeTurns) -> None:
+    frozen, clock = frozen_clock()
+    turns, pool = make_turns(max_workers=4, ttl=60, clock=clock)
+    idle = turns.create().session_id
+    failed = turns.create().session_id
+    turns.start_turn(failed, MESSAGE)
+    turns.worker_message(pool.handle(failed), Failure(error="boom"))
+    running = turns.create().session_id
+    turns.start_turn(running, MESSAGE)
+    waiting = turns.create().session_id
+    interrupted(turns, pool, waiting, "a")
+
+    frozen.tick(59)
+    assert turns.sweep(now=clock()) == []
+    turns.get(idle)  # reading is not touching
+    turns.messages(failed)
+    turns.list()
+    frozen.tick(2)
+    assert sorted(turns.sweep(now=clock())) == sorted([idle, failed])
+    with pytest.raises(SessionNotFound):
+        turns.get(idle)
+    frozen.tick(3600)
+    assert turns.sweep(now=clock()) == []
+    assert {view.session_id for view in turns.list()} == {running, waiting}
+
+
+def test_ttl_counts_from_the_last_write(make_turns: MakeTurns) -> None:
+    frozen, clock = frozen_clock()
+    turns, pool = make_turns(ttl=600, clock=clock)
+    sid = turns.create().session_id
+    frozen.tick(480)
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    frozen.tick(480)
+    turns.worker_message(handle, Result(response=REPLY, state=[MESSAGE, REPLY]))  # the last write
+    frozen.tick(599)
+    assert turns.sweep(now=clock()) == []
+    frozen.tick(2)
+    assert turns.sweep(now=clock()) == [sid]
+
+
+def test_no_ttl_sweeps_nothing(make_turns: MakeTurns) -> None:
+    frozen, clock = frozen_clock()
+    turns, _ = make_turns(clock=clock)
+    turns.create()
+    frozen.tick(10**9)
+    assert turns.sweep(now=clock()) == [] and len(turns) == 1
+
+
+# -- long polls and shutdown -----------------------------------------------------------------
+
+
+def test_wait_returns_on_change_and_on_delete(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    assert turns.wait(sid, timeout=30).status is IDLE  # not running: at once
+    turns.start_turn(sid, MESSAGE)
+    assert turns.wait(sid, timeout=0.01).status is RUNNING  # times out, still running
+    results: list[object] = []
+
+    def waiter() -> None:
+        results.append(turns.wait(sid, timeout=30).status)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    turns.worker_message(pool.handle(sid), Interrupt(interrupt_id="a", payload=APPROVAL, seq=1))
+    thread.join(10)
+    assert not thread.is_alive() and results == [INTERRUPTED]
+
+    turns.resume(sid, "a", True)
+    assert turns.get(sid).status is RUNNING
+
+    def deleted_waiter() -> None:
+        try:
+            turns.wait(sid, timeout=30)
+        except SessionNotFound as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=deleted_waiter)
+    thread.start()
+    turns.delete(sid)
+    thread.join(10)
+    assert not thread.is_alive() and isinstance(results[-1], SessionNotFound)
+
+
+def test_begin_shutdown_releases_waiters_and_refuses_new_work(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    idle = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(turns.wait(sid, timeout=30).status))
+    thread.start()
+    turns.begin_shutdown()
+    thread.join(10)
+    assert not thread.is_alive() and results == [RUNNING]
+    assert turns.wait(sid, timeout=30).status is RUNNING  # at once while closing
+
+    with pytest.raises(ServerUnavailable, match="^Server is shutting down$"):
+        turns.create()
+    with pytest.raises(ServerUnavailable, match="^Server is shutting down$"):
+        turns.start_turn(idle, MESSAGE)
+    assert turns.get(idle).status is IDLE and len(pool.launched) == 1
+
+    turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[REPLY]))  # running turns still finish
+    assert turns.get(sid).status is IDLE
+
+
+def test_shutdown_with_a_memory_store_cancels_waiting_turns(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "a")
+    turns.shutdown(0)
+    view = turns.get(sid)
+    assert (view.status, view.error, view.interrupts) == (ERROR, CANCELLED, ())
+    assert pool.stopped == [handle]
+    turns.shutdown(0)  # idempotent
+
+
+def test_shutdown_waits_for_running_turns_and_queued_turns_still_start_in_the_grace(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    running = turns.create().session_id
+    queued = turns.create().session_id
+    turns.start_turn(running, MESSAGE)
+    turns.start_turn(queued, MESSAGE)
+    assert state_of(turns, queued) is Q
+    stopper = threading.Thread(target=turns.shutdown, args=(0,))
+    stopper.start()
+    try:
+        turns.worker_message(pool.handle(running), Result(response=REPLY, state=[REPLY]))
+        assert state_of(turns, queued) is R  # the freed slot goes to the queued turn
+        assert stopper.is_alive()
+        turns.worker_message(pool.handle(queued), Result(response=REPLY, state=[REPLY]))
+        stopper.join(10)
+        assert not stopper.is_alive(), "shutdown(0) kept waiting after every turn had ended"
+    finally:
+        for handle in pool.launched:  # if it failed: end every turn, so shutdown returns
+            turns.worker_message(handle, Failure(error="the test is over"))
+        stopper.join(10)
+    assert turns.get(running).status is IDLE and turns.get(queued).status is IDLE
+
+
+def test_shutdown_grace_over_cancels_running_and_queued_turns_with_a_memory_store(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    running = turns.create().session_id
+    queued = turns.create().session_id
+    turns.start_turn(running, MESSAGE)
+    turns.start_turn(queued, MESSAGE)
+    turns.shutdown(0.05)
+    assert [turns.get(sid).error for sid in (running, queued)] == [CANCELLED, CANCELLED]
+    assert pool.handle(running) in pool.stopped and slots_in_use(turns) == 0
+
+
+def test_no_process_is_launched_once_the_shutdown_grace_is_over(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    running = turns.create().session_id
+    queued = turns.create().session_id
+    turns.start_turn(running, MESSAGE)
+    turns.start_turn(queued, MESSAGE)
+    turns.shutdown(0.05)
+    assert [h.session_id for h in pool.launched] == [running]
+
+
+# -- compute slots ---------------------------------------------------------------------------
+
+
+def test_a_resume_queued_for_a_turn_that_interrupts_again_never_keeps_the_slot(make_turns: MakeTurns) -> None:
+    """Issue 9: the deadlock of the first release, step by step with one compute slot."""
+    turns, pool = make_turns(max_workers=1)
+    a = turns.create().session_id
+    b = turns.create().session_id
+
+    handle_a = interrupted(turns, pool, a, "a")  # turn A waits on `a`
+    assert state_of(turns, a) is W and slots_in_use(turns) == 0
+    turns.start_turn(b, MESSAGE)  # turn B takes the slot
+    handle_b = pool.handle(b)
+    assert state_of(turns, b) is R and slots_in_use(turns) == 1
+
+    assert turns.resume(a, "a", "yes") is RUNNING  # no slot: A is RESUMING, its value queued
+    assert state_of(turns, a) is RS and pool.sent_to(handle_a) == []
+    assert turns.get(a).status is RUNNING and slots_in_use(turns) == 1
+
+    turns.worker_message(handle_a, Interrupt(interrupt_id="b", payload=APPROVAL, seq=2))
+    assert state_of(turns, a) is W
+    assert pool.sent_to(handle_a) == [Resume("a", "yes")]  # the queued value is sent at once
+    assert turns.get(a).status is INTERRUPTED and pending_ids(turns, a) == ["b"]
+    assert slots_in_use(turns) == 1  # still B's
+
+    turns.worker_message(handle_b, Result(response=REPLY, state=[REPLY]))  # B finishes
+    assert turns.get(b).status is IDLE
+    assert state_of(turns, a) is W and slots_in_use(turns) == 0, "the slot stayed with A, which waits on a person"
+    assert not turns.busy()
+
+    assert turns.resume(a, "b", "ok") is RUNNING  # A gets the slot
+    assert state_of(turns, a) is R and slots_in_use(turns) == 1
+    assert pool.sent_to(handle_a) == [Resume("a", "yes"), Resume("b", "ok")]
+
+    turns.worker_message(handle_a, Result(response=REPLY, state=[REPLY]))
+    assert turns.get(a).status is IDLE
+    assert slots_in_use(turns) == 0 and turns._free_slots == 1
+    assert pool.launched == [handle_a, handle_b]
+
+    c = turns.create().session_id
+    turns.start_turn(c, MESSAGE)  # the slot really is free
+    assert state_of(turns, c) is R
+
+
+def test_a_resumed_turn_waits_for_a_slot_and_gets_the_next_one(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    a = turns.create().session_id
+    b = turns.create().session_id
+    handle_a = interrupted(turns, pool, a, "a")
+    turns.start_turn(b, MESSAGE)
+    turns.resume(a, "a", 1)
+    assert state_of(turns, a) is RS and pool.sent_to(handle_a) == []
+    turns.worker_message(pool.handle(b), Result(response=REPLY, state=[REPLY]))
+    assert state_of(turns, a) is R and pool.sent_to(handle_a) == [Resume("a", 1)] and slots_in_use(turns) == 1
+
+
+def test_queued_turns_start_in_order_as_slots_free(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    sids = [turns.create().session_id for _ in range(3)]
+    for sid in sids:
+        turns.start_turn(sid, MESSAGE)
+    assert [state_of(turns, sid) for sid in sids] == [R, Q, Q]
+    assert turns.get(sids[2]).status is RUNNING  # queued looks running from outside
+    turns.worker_message(pool.handle(sids[0]), Result(response=REPLY, state=[REPLY]))
+    assert [state_of(turns, sid) for sid in sids[1:]] == [R, Q]
+    turns.delete(sids[2])  # a queued turn deleted never gets a process
+    turns.worker_message(pool.handle(sids[1]), Result(response=REPLY, state=[REPLY]))
+    assert [h.session_id for h in pool.launched] == sids[:2] and slots_in_use(turns) == 0
+
+
+# -- the store fails -------------------------------------------------------------------------
+
+
+def test_a_failing_store_makes_start_turn_a_503_that_changed_nothing(make_turns: MakeTurns) -> None:
+    store = FailingStore()
+    turns, pool = make_turns(store=store)
+    sid = turns.create(state=[MESSAGE]).session_id
+    before = turns.get(sid)
+    store.failing = True
+    with pytest.raises(ServerUnavailable) as failed:
+        turns.start_turn(sid, MESSAGE)
+    assert failed.value.status_code == 503
+    assert failed.value.detail == "Could not save the change to the session store: OSError: disk full"
+    assert turns.get(sid) == before and state_of(turns, sid) is None
+    assert pool.launched == [] and slots_in_use(turns) == 0
+
+    store.failing = False
+    turns.start_turn(sid, MESSAGE)
+    assert turns.get(sid).turn_id == before.turn_id + 1 and pool.handle(sid).turn_id == 1
+
+
+def test_a_failing_store_makes_resume_a_503_that_changed_nothing(make_turns: MakeTurns) -> None:
+    store = FailingStore()
+    turns, pool = make_turns(store=store, max_workers=1)
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "a", "b")
+    before = turns.get(sid)
+    assert before.status is INTERRUPTED and len(before.interrupts) == 2
+
+    store.failing = True
+    for interrupt_id in ("a", "b"):  # a partial resume
+        with pytest.raises(ServerUnavailable, match="^Could not save the change to the session store"):
+            turns.resume(sid, interrupt_id, True)
+        assert turns.get(sid) == before and state_of(turns, sid) is W
+    assert pool.sent == []
+    store.failing = False
+    assert turns.resume(sid, "a", True) is INTERRUPTED  # not "already resumed"
+    after_partial = turns.get(sid)
+
+    store.failing = True
+    with pytest.raises(ServerUnavailable):  # the last resume
+        turns.resume(sid, "b", True)
+    assert turns.get(sid) == after_partial and pending_ids(turns, sid) == ["b"]
+    assert state_of(turns, sid) is W and slots_in_use(turns) == 0
+    store.failing = False
+    assert turns.resume(sid, "b", False) is RUNNING
+    assert pool.sent_to(handle) == [Resume("a", True), Resume("b", False)]  # each value sent once
+    assert state_of(turns, sid) is R
+
+
+def test_a_failing_store_makes_create_a_503_that_leaves_no_session(make_turns: MakeTurns) -> None:
+    store = FailingStore()
+    turns, _ = make_turns(store=store)
+    store.failing = True
+    with pytest.raises(ServerUnavailable):
+        turns.create(session_id="x")
+    store.failing = False
+    assert len(turns) == 0 and turns.list() == []
+    assert turns.create(session_id="x").session_id == "x"
+
+
+def test_every_change_is_saved_before_anyone_can_see_it(make_turns: MakeTurns) -> None:
+    store = FailingStore()
+    turns, pool = make_turns(store=store)
+    sid = turns.create().session_id
+    interrupted(turns, pool, sid, "a")
+    turns.resume(sid, "a", True)
+    turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
+    assert [r.status for r in store.saved] == ["idle", "running", "interrupted", "running", "idle"]
+    assert [r.turn is not None for r in store.saved] == [False, True, True, True, False]
+    assert store.saved[-1].state == [MESSAGE, REPLY] and store.saved[-1].response == REPLY
+    assert store.saved[1].turn is not None and store.saved[1].turn.message == MESSAGE
+
+
+# -- deadlines and restarts ------------------------------------------------------------------
+
+
+def test_a_deadline_ends_a_turn_waiting_on_a_person(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(timeout=0.05)
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "a")
+
+    def errored() -> SessionView | None:
+        view = turns.get(sid)
+        return view if view.status is ERROR else None
+
+    view = turns.events.wait(sid, errored, timeout=10)
+    assert view is not None and (view.error, view.interrupts) == (TIMED_OUT, ())
+    assert pool.stopped == [handle]
+    with pytest.raises(InterruptNotPending, match=r"\(interrupt a: its turn ended with an error \(Agent timed out\)\)$"):
+        turns.resume(sid, "a", True)
+
+
+def test_a_durable_store_brings_back_waiting_turns_parked_and_running_turns_replayed(
+    make_turns: MakeTurns, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/sessions.sqlite3"
+    store = store_from_url(url)
+    store.open()
+    try:
+        turns, pool = make_turns(store=store)
+        waiting = turns.create().session_id
+        interrupted(turns, pool, waiting, "a", "b")
+        turns.resume(waiting, "b", "B")
+        running = turns.create(state=[REPLY]).session_id
+        turns.start_turn(running, MESSAGE)
+        step = JournalEntry(seq=1, kind=STEP, key="charge:x", label="charge", done=True, value=pack(("ok", 7)))
+        turns.worker_message(pool.handle(running), Record(step))
+        turns.shutdown(0.01)  # the waiting turn is parked, the running one left to be replayed
+        assert turns.get(waiting).error is None and turns.get(running).error is None
+        assert pool.killed == [pool.handle(waiting), pool.handle(running)] and pool.stopped == []
+    finally:
+        store.close()
+
+    store = store_from_url(url)
+    store.open()
+    try:
+        turns, pool = make_turns(store=store, start=False)
+        assert turns.recover() == 1
+        assert state_of(turns, waiting) is P and state_of(turns, running) is Q
+        view = turns.get(waiting)
+        assert view.status is INTERRUPTED and view.interrupts == (PendingInterrupt("a", APPROVAL),)
+        assert turns.get(running).status is RUNNING
+        turns.start(pool)
+        replayed = pool.handle(running)
+        assert (replayed.job.message, replayed.job.state, replayed.job.journal) == (MESSAGE, [REPLY], (step,))
+        assert state_of(turns, running) is R and state_of(turns, waiting) is P
+
+        assert turns.resume(waiting, "a", "A") is RUNNING
+        resumed = pool.handle(waiting)
+        assert [(e.ref, unpack(e.value)) for e in resumed.job.journal] == [("a", "A"), ("b", "B")]
+        for sid in (running, waiting):
+            turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[REPLY]))
+        assert {v.status for v in turns.list()} == {IDLE}
+        assert [(r.status, r.turn) for r in store.load()] == [("idle", None), ("idle", None)]
+    finally:
+        turns.shutdown(0)
+        store.close()

@@ -27,7 +27,7 @@ import uuid
 from multiprocessing.connection import Connection
 from typing import Any
 
-from motus.serve.journal import Journal, canonical_payload, unpack
+from motus.serve.journal import Journal, canonical_payload, current_parent, unpack
 from motus.serve.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
 from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, Record, Result, Resume
 
@@ -104,7 +104,9 @@ class _Channel:
                 f"{MAX_INTERRUPT_BYTES} bytes. Upload large data elsewhere and pass a URL instead."
             )
         if recorded is None:
-            message = Interrupt(interrupt_id=message.interrupt_id, payload=payload, seq=self.journal.new_seq())
+            message = Interrupt(
+                interrupt_id=message.interrupt_id, payload=payload, seq=self.journal.new_seq(), parent=current_parent()
+            )
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[message.interrupt_id] = future

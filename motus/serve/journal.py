@@ -20,8 +20,10 @@ A divergence fails the turn with ``Replay diverged: ...`` naming the first recor
 differs, even if the agent catches the exception: :attr:`Journal.diverged` is checked when
 the turn ends. Nothing recorded ever runs twice silently.
 
-A gated tool (``requires_approval``) writes a *started* mark and waits for the server to
-acknowledge it before its body runs. A replay that finds the mark without a result knows the
+Every call writes a *started* mark before it runs, so a call that is re-run after its
+process ended keeps its ``seq`` and the records made inside it keep their parent. A gated
+tool (``requires_approval``) also waits for the server to acknowledge that mark before its
+body runs. A replay that finds the mark without a result knows the
 body may have run when the server stopped: it never runs it again, and the tool fails with
 ``Outcome unknown: the server stopped while <tool> was running`` (recorded, so later replays
 agree). Other calls in flight when a process died simply run again (at least once).
@@ -33,6 +35,7 @@ guarded by one lock; sends go through the channel, which serialises them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import inspect
 import json
@@ -47,6 +50,15 @@ from motus.serve.protocol import JournalEntry, Record
 
 #: How often a same-label conflict is looked at again before it counts as a divergence.
 CONFLICT_RETRIES = 50
+
+
+#: The ``seq`` of the journaled call whose body is running here (copied into tasks and
+#: ``asyncio.to_thread`` threads with the context), so records made inside know their parent.
+_parent: contextvars.ContextVar[int | None] = contextvars.ContextVar("motus_journal_parent", default=None)
+
+
+def current_parent() -> int | None:
+    return _parent.get()
 
 
 class ReplayDiverged(Exception):
@@ -162,6 +174,20 @@ class Journal:
             await asyncio.sleep(0)
         raise self._diverge(kind, label, conflict)
 
+    def _consume_children(self, seq: int) -> None:
+        """A call was answered from its record (or will never run again): the records its
+        body made are consumed with it, children of children too."""
+        with self._lock:
+            parents = {seq}
+            changed = True
+            while changed:
+                changed = False
+                for entry in list(self._unconsumed):
+                    if entry.parent in parents:
+                        self._unconsumed.remove(entry)
+                        parents.add(entry.seq)
+                        changed = True
+
     def new_seq(self) -> int:
         with self._lock:
             seq = self._next_seq
@@ -187,10 +213,20 @@ class Journal:
         """Run or replay a blocking call (model requests, from a worker thread)."""
         entry = self.claim(kind, key, label)
         if entry is not None and entry.done:
+            self._consume_children(entry.seq)
             return unpack(entry.value)
-        seq = entry.seq if entry is not None else self.new_seq()
-        outcome = _run_sync(fn)
-        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome)))
+        parent = _parent.get()
+        if entry is not None:
+            seq = entry.seq  # started before the process ended: run again (at least once)
+        else:
+            seq = self.new_seq()
+            self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, parent=parent))
+        token = _parent.set(seq)
+        try:
+            outcome = _run_sync(fn)
+        finally:
+            _parent.reset(token)
+        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome), parent=parent))
         return _unwrap(outcome)
 
     async def call(self, kind: str, key: str, label: str, fn: Callable[[], Awaitable[Any]], *, gated: bool = False) -> Any:
@@ -198,19 +234,31 @@ class Journal:
         the server, before ``fn`` runs, and never run it again after a stop (see module doc)."""
         entry = await self.claim_async(kind, key, label)
         if entry is not None and entry.done:
+            self._consume_children(entry.seq)
             return unpack(entry.value)
         if entry is not None and gated:
+            self._consume_children(entry.seq)
             unknown = OutcomeUnknown(f"Outcome unknown: the server stopped while {label} was running")
             self._send(entry.finished(pack(("raise", unknown))))
             raise unknown
-        seq = entry.seq if entry is not None else self.new_seq()
-        if gated and self._channel is not None:
-            await self._channel.send_and_wait_ack(Record(JournalEntry(seq=seq, kind=kind, key=key, label=label), ack=True))
+        parent = _parent.get()
+        if entry is not None:
+            seq = entry.seq  # started before the process ended: run again (at least once)
+        else:
+            seq = self.new_seq()
+            started = JournalEntry(seq=seq, kind=kind, key=key, label=label, parent=parent)
+            if gated and self._channel is not None:
+                await self._channel.send_and_wait_ack(Record(started, ack=True))
+            else:
+                self._send(started)
+        token = _parent.set(seq)
         try:
             outcome: tuple[str, Any] = ("ok", await fn())
         except Exception as exc:
             outcome = ("raise", exc)
-        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome)))
+        finally:
+            _parent.reset(token)
+        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome), parent=parent))
         return _unwrap(outcome)
 
 

@@ -33,7 +33,9 @@ class JournalEntry:
     arguments, a step's name) and by occurrence, never by timing. ``done`` is False for an
     interrupt not yet answered and for a gated tool that has only its *started* mark.
     ``value`` is the pickled result or answer. ``ref`` is an interrupt's id; ``payload``
-    its payload as the API shows it.
+    its payload as the API shows it. ``parent`` is the ``seq`` of the journaled call this one
+    ran inside (a tool whose body asks a question): replaying the parent's result consumes
+    its children, since the body that made them does not run again.
     """
 
     seq: int
@@ -46,6 +48,7 @@ class JournalEntry:
     payload: dict[str, Any] | None = None
     answered_at: float | None = None
     answered_by: str | None = None
+    parent: int | None = None  # the journaled call (a tool, a step) this one ran inside
 
     def finished(self, value: bytes, **changes: Any) -> JournalEntry:
         return replace(self, done=True, value=value, **changes)
@@ -81,6 +84,7 @@ class Interrupt:
     interrupt_id: str
     payload: dict[str, Any]
     seq: int = 0
+    parent: int | None = None
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ from motus.serve.errors import (
 from motus.serve.events import Events
 from motus.serve.journal import canonical_payload, pack
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
-from motus.serve.protocol import INTERRUPT, TOOL, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
+from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
 from motus.serve.store import SessionRecord, Store, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ class Turn:
     handle: Handle | None = None
     queued_values: list[Resume] = field(default_factory=list)
     last_heard: float = 0.0  # monotonic: the last message from its process
+    gated_in_flight: set[int] = field(default_factory=set)  # seqs of approved tools inside their body
 
     def move(self, new: TurnState) -> bool:
         """Change state; returns True if that gave up a compute slot."""
@@ -182,8 +183,6 @@ class Turn:
     def pending(self) -> list[JournalEntry]:
         return sorted((e for e in self.journal.values() if e.kind == INTERRUPT and not e.done), key=lambda e: e.seq)
 
-    def tool_in_flight(self) -> bool:
-        return any(e.kind == TOOL and not e.done for e in self.journal.values())
 
     def record(self) -> TurnRecord:
         return TurnRecord(turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline)
@@ -625,6 +624,10 @@ class Turns:
             elif isinstance(message, Record):
                 self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
                 turn.journal[message.entry.seq] = message.entry
+                if message.entry.done:
+                    turn.gated_in_flight.discard(message.entry.seq)
+                elif message.ack:
+                    turn.gated_in_flight.add(message.entry.seq)
                 if message.ack:
                     after.sends.append((handle, Ack(message.entry.seq)))
             elif isinstance(message, Result):
@@ -656,6 +659,7 @@ class Turns:
             entry = JournalEntry(
                 seq=message.seq, kind=INTERRUPT, key=canonical_payload(message.payload),
                 label=kind if isinstance(kind, str) else "unknown", ref=message.interrupt_id, payload=message.payload,
+                parent=message.parent,
             )
         now = self._clock()
         self._save(session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry])
@@ -864,7 +868,7 @@ class Turns:
             if session.turn is not turn or turn.state is not TurnState.WAITING or turn.handle is None:
                 return
             quiet_at = turn.last_heard + max(self.park_after, PARK_SETTLE_SECONDS)
-            if time.monotonic() < quiet_at or turn.tool_in_flight():
+            if time.monotonic() < quiet_at or turn.gated_in_flight:
                 retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + 0.5
                 self._schedule(retry, "park", turn, monotonic=True)
                 return

@@ -24,14 +24,15 @@ class RecordingChannel:
     """Stands in for the worker's pipe: ``events`` is what happened, in order."""
 
     def __init__(self, events: list[str] | None = None) -> None:
-        self.sent: list[Record] = []
+        self.sent: list[Record] = []  # finished records (results)
+        self.started: list[Record] = []  # started marks sent without waiting for an ack
         self.acked: list[Record] = []
         self.events = events if events is not None else []
 
     def send(self, message: object) -> None:
         assert isinstance(message, Record)
-        self.sent.append(message)
-        self.events.append(f"send #{message.entry.seq}")
+        (self.sent if message.entry.done else self.started).append(message)
+        self.events.append(f"{'send' if message.entry.done else 'start'} #{message.entry.seq}")
 
     async def send_and_wait_ack(self, record: Record) -> None:
         self.acked.append(record)
@@ -412,3 +413,44 @@ def _raises_sync(exc: Exception):  # noqa: ANN202
         raise exc
 
     return body
+
+
+def test_every_new_call_is_marked_started_and_a_rerun_keeps_its_seq_and_children() -> None:
+    """A call re-run after its process ended (started, never finished) keeps its seq, so the
+    records its body made (a question asked inside a tool) still belong to it: replaying the
+    finished call later consumes them, and the turn ends without a divergence."""
+    channel = RecordingChannel()
+    journal = Journal((), channel)
+
+    async def tool_asking() -> str:
+        inner = journal.new_seq()  # what interrupt() does for a new interrupt
+        assert journal_module.current_parent() == 1
+        channel.send(Record(JournalEntry(seq=inner, kind=INTERRUPT, key="q", label="user_input", parent=1)))
+        return "answered"
+
+    assert asyncio.run(journal.call(TOOL, "ask:1", "ask", tool_asking)) == "answered"
+    assert [(r.entry.seq, r.entry.done) for r in channel.started] == [(1, False), (2, False)]  # the tool, its question
+    question = channel.started[1].entry
+    result = channel.sent[0].entry
+    assert (question.seq, question.parent) == (2, 1) and (result.seq, result.done) == (1, True)
+
+    # The process died inside the tool: only its started mark and the answered question are
+    # on record. The re-run keeps seq 1 and claims the question.
+    started = channel.started[0].entry
+    answered = question.finished(pack(("ok", "by date")))
+    rerun = Journal((started, answered), RecordingChannel())
+
+    async def body_again() -> str:
+        entry = await rerun.claim_async(INTERRUPT, "q", "user_input")
+        assert entry is not None and entry.parent == 1 and journal_module.current_parent() == 1
+        return unpack(entry.value)
+
+    assert asyncio.run(rerun.call(TOOL, "ask:1", "ask", body_again)) == "by date"
+    rerun.finish()
+    assert rerun.diverged is None
+
+    # Later replays get the tool's result and never reach the question: still no divergence.
+    later = Journal((result, answered), None)
+    assert asyncio.run(later.call(TOOL, "ask:1", "ask", never_awaited)) == "answered"
+    later.finish()
+    assert later.diverged is None

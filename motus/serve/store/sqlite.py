@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS journal (
     payload TEXT,
     answered_at REAL,
     answered_by TEXT,
+    parent INTEGER,
     PRIMARY KEY (session_id, turn_id, seq)
 );
 """
@@ -171,13 +172,13 @@ class SqliteStore(Store):
             journals: dict[str, list[JournalEntry]] = {}
             for row in db.execute(
                 "SELECT j.session_id, j.seq, j.kind, j.key, j.label, j.done, j.value, j.ref, j.payload, "
-                "j.answered_at, j.answered_by FROM journal j JOIN sessions s "
+                "j.answered_at, j.answered_by, j.parent FROM journal j JOIN sessions s "
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id ORDER BY j.session_id, j.seq"
             ):
                 journals.setdefault(row[0], []).append(
                     JournalEntry(
                         seq=row[1], kind=row[2], key=row[3], label=row[4], done=bool(row[5]), value=row[6],
-                        ref=row[7], payload=_loads(row[8]), answered_at=row[9], answered_by=row[10],
+                        ref=row[7], payload=_loads(row[8]), answered_at=row[9], answered_by=row[10], parent=row[11],
                     )
                 )
             rows = db.execute(
@@ -240,10 +241,10 @@ class SqliteStore(Store):
     def _put_entries(db: sqlite3.Connection, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         db.executemany(
             "INSERT OR REPLACE INTO journal (session_id, turn_id, seq, kind, key, label, done, value, ref, payload, "
-            "answered_at, answered_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "answered_at, answered_by, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (session_id, turn_id, e.seq, e.kind, e.key, e.label, int(e.done), e.value, e.ref, _dumps(e.payload),
-                 e.answered_at, e.answered_by)
+                 e.answered_at, e.answered_by, e.parent)
                 for e in entries
             ],
         )

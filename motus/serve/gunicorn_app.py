@@ -1,8 +1,9 @@
 """Running ``AgentServer`` under gunicorn: one worker process, many threads.
 
-Sessions live in memory in one process, so exactly one gunicorn worker may serve them; its
-threads serve requests (long polls hold a thread each), and ``--workers`` of motus counts
-concurrent turns, not gunicorn workers.
+One process owns the live turns (their worker processes and pipes) and, with SQLite, the
+store file, so exactly one gunicorn worker may serve them; its threads serve requests (long
+polls hold a thread each), and ``--workers`` of motus counts concurrent turns, not gunicorn
+workers.
 
 Guarantees:
 
@@ -10,8 +11,9 @@ Guarantees:
   process after gunicorn forks it (``load`` and ``post_worker_init``), never in the arbiter.
 - On SIGTERM the worker first releases every long poll (so gunicorn's graceful stop does not
   wait for them), then, when gunicorn has finished the in-flight requests, ``worker_exit``
-  runs the server's shutdown: turns get ``--shutdown-timeout``, then are cancelled, and no
-  worker process survives.
+  runs the server's shutdown: running turns get ``--shutdown-timeout``, then are left to be
+  replayed at the next start (durable store) or cancelled (memory), and no worker process
+  survives.
 - A second gunicorn worker (``gunicorn -w 2 wsgi:app``) is refused at boot with a message
   that explains why (see ``claim_single_worker``).
 """

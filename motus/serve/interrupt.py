@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import pickle
+import signal
 import threading
 import uuid
 from multiprocessing.connection import Connection
@@ -143,7 +144,12 @@ class _Channel:
         # agent a moment to run its handlers (finally blocks, except EOFError), then end for
         # sure so no process outlives its turn even if the agent ignores the error.
         threading.Event().wait(EXIT_GRACE_SECONDS)
-        os._exit(1)
+        # The server may be gone (kill -9), so nobody else will end what the agent started:
+        # end the whole process group, this process last.
+        try:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        finally:
+            os._exit(1)
 
     def _deliver(self, message: Resume) -> None:
         future = self._pending.get(message.interrupt_id)
@@ -156,6 +162,11 @@ class _Channel:
         future = self._acks.get(seq)
         if future is not None and not future.done():
             future.set_result(None)
+
+    @property
+    def pipe_closed(self) -> bool:
+        """Whether the server's end of the pipe closed while the turn ran."""
+        return self._closed
 
     def _fail_all(self) -> None:
         self._closed = True

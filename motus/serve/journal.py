@@ -12,8 +12,8 @@ gated tools in one model step, ``asyncio.gather`` over interrupts) replay correc
 - a call whose key matches an unconsumed record consumes the first such record;
 - a call that matches nothing is new, and runs, *unless* an unconsumed record of the same
   kind and label is still waiting (the same step, tool, interrupt type or model endpoint
-  reached with other inputs) after every other ready branch of the turn had its chance to
-  consume it: that is a divergence;
+  reached with other inputs) after every other branch of the turn had its chance to
+  consume it (see ``CONFLICT_WAIT_SECONDS``): that is a divergence;
 - a turn that ends with records it never reached has diverged too.
 
 A divergence fails the turn with ``Replay diverged: ...`` naming the first record that
@@ -39,6 +39,7 @@ import contextvars
 import hashlib
 import inspect
 import json
+import logging
 import pickle
 import threading
 import time
@@ -47,9 +48,15 @@ from typing import Any, Protocol
 
 from motus.serve.protocol import JournalEntry, Record
 
+log = logging.getLogger(__name__)
 
-#: How often a same-label conflict is looked at again before it counts as a divergence.
-CONFLICT_RETRIES = 50
+
+#: A same-label conflict is looked at again, first after every other ready branch had a
+#: turn (``READY_TRIES`` passes of the event loop), then while branches working in threads
+#: catch up, for at most ``CONFLICT_WAIT_SECONDS``; only then is it a divergence. The wait
+#: only delays the report of a real divergence, it never changes a replayed result.
+READY_TRIES = 50
+CONFLICT_WAIT_SECONDS = 2.0
 
 
 #: The ``seq`` of the journaled call whose body is running here (copied into tasks and
@@ -90,23 +97,67 @@ def canonical_payload(payload: dict[str, Any]) -> str:
     return json.dumps(payload, sort_keys=True, ensure_ascii=False)
 
 
+class _Raised:
+    """A recorded exception, rebuilt as its own class without calling its ``__init__``
+    (many exception classes take required arguments that ``args`` does not hold, so plain
+    pickling writes them but cannot read them back)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.cls = type(exc)
+        self.args = exc.args
+        self.state = dict(getattr(exc, "__dict__", {}))
+
+    def rebuild(self) -> BaseException:
+        exc = self.cls.__new__(self.cls)
+        exc.args = self.args
+        exc.__dict__.update(self.state)
+        return exc
+
+
+class Unrecordable(Exception):
+    """A journaled call returned a value that cannot be written to the journal."""
+
+
 def pack(outcome: tuple[str, Any]) -> bytes:
-    """Pickle ``("ok", result)`` or ``("raise", exception)``; an unpicklable exception is
-    kept as a ``RuntimeError`` with its text, an unpicklable result fails loudly."""
+    """Record ``("ok", result)`` or ``("raise", exception)`` as bytes a later process can
+    read back (checked here, once, rather than discovered by a replay).
+
+    An exception that cannot be recorded as itself is recorded as a ``RuntimeError`` with
+    its text. A result that cannot be recorded raises ``Unrecordable``: the caller decides
+    what the journal keeps instead."""
+    kind, value = outcome
+    if kind == "raise":
+        for candidate in (_Raised(value), _Raised(RuntimeError(f"{type(value).__name__}: {value}"))):
+            try:
+                data = pickle.dumps(("raise", candidate), protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.loads(data)[1].rebuild()
+                return data
+            except Exception:  # try the plainer form
+                continue
+        raise AssertionError("a RuntimeError with a text always pickles")  # pragma: no cover
     try:
-        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        if outcome[0] == "raise":
-            exc = outcome[1]
-            return pickle.dumps(("raise", RuntimeError(f"{type(exc).__name__}: {exc}")), protocol=pickle.HIGHEST_PROTOCOL)
-        raise
+        data = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(data)
+    except Exception as exc:
+        raise Unrecordable(f"{type(value).__name__} could not be recorded ({type(exc).__name__}: {exc})") from None
+    return data
 
 
 def unpack(value: bytes | None) -> Any:
     kind, result = pickle.loads(value) if value is not None else ("ok", None)
     if kind == "raise":
-        raise result
+        raise result.rebuild() if isinstance(result, _Raised) else result
     return result
+
+
+def _record(label: str, outcome: tuple[str, Any]) -> bytes:
+    """What the journal keeps for an outcome; a result that cannot be recorded is kept as an
+    error a replay raises, saying why (the first run still returns the result)."""
+    try:
+        return pack(outcome)
+    except Unrecordable as exc:
+        log.warning("%s: its result %s; a replay of this turn will fail there", label, exc)
+        return pack(("raise", Unrecordable(f"{label} cannot be replayed: its result {exc}. Return plain data (str, dict, list, numbers, pydantic models) from journaled calls.")))
 
 
 class Journal:
@@ -152,12 +203,14 @@ class Journal:
         """The recorded entry this call replays, or None for a new call (blocking callers:
         model requests run in threads). A same-label conflict is given a moment to resolve,
         since a concurrent call may be about to consume that record (see ``claim_async``)."""
-        for _ in range(CONFLICT_RETRIES):
+        deadline = time.monotonic() + CONFLICT_WAIT_SECONDS
+        while True:
             entry, conflict = self._try_claim(kind, key, label)
             if conflict is None:
                 return entry
-            time.sleep(0.001)
-        raise self._diverge(kind, label, conflict)
+            if time.monotonic() > deadline:
+                raise self._diverge(kind, label, conflict)
+            time.sleep(0.002)
 
     async def claim_async(self, kind: str, key: str, label: str) -> JournalEntry | None:
         """The recorded entry this call replays, or None for a new call.
@@ -167,12 +220,16 @@ class Journal:
         at once, so the order of concurrent calls can differ from the first run). So the
         call yields to the event loop and looks again; only a conflict that survives every
         other ready branch is a divergence."""
-        for _ in range(CONFLICT_RETRIES):
+        deadline = time.monotonic() + CONFLICT_WAIT_SECONDS
+        tries = 0
+        while True:
             entry, conflict = self._try_claim(kind, key, label)
             if conflict is None:
                 return entry
-            await asyncio.sleep(0)
-        raise self._diverge(kind, label, conflict)
+            if time.monotonic() > deadline:
+                raise self._diverge(kind, label, conflict)
+            tries += 1
+            await asyncio.sleep(0 if tries <= READY_TRIES else 0.002)
 
     def _consume_children(self, seq: int) -> None:
         """A call was answered from its record (or will never run again): the records its
@@ -226,7 +283,7 @@ class Journal:
             outcome = _run_sync(fn)
         finally:
             _parent.reset(token)
-        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome), parent=parent))
+        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=_record(label, outcome), parent=parent))
         return _unwrap(outcome)
 
     async def call(self, kind: str, key: str, label: str, fn: Callable[[], Awaitable[Any]], *, gated: bool = False) -> Any:
@@ -258,7 +315,7 @@ class Journal:
             outcome = ("raise", exc)
         finally:
             _parent.reset(token)
-        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=pack(outcome), parent=parent))
+        self._send(JournalEntry(seq=seq, kind=kind, key=key, label=label, done=True, value=_record(label, outcome), parent=parent))
         return _unwrap(outcome)
 
 

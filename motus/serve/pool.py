@@ -230,10 +230,13 @@ class WorkerPool:
             return len(self._procs) + len(self._warm)
 
     def launch(self, handle: Handle) -> None:
-        """Run ``handle.job`` in a fresh process now, or as soon as a warm one is ready."""
+        """Run ``handle.job`` in a fresh process now, or as soon as a warm one is ready. A
+        handle stopped before it was launched (a delete racing the start) is never run."""
         with self._lock:
             if self._stopped:
                 raise PoolClosed("Server is shutting down")
+            if handle.finished:
+                return
             self._waiting.append(handle)
             sends = self._pump_locked()
             self._changed.notify_all()  # a waiting job may need the spawner

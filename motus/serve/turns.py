@@ -81,6 +81,13 @@ RETIRED_INTERRUPTS_KEPT = 256
 #: other interrupts of one ``asyncio.gather`` arrive before its process ends.
 PARK_SETTLE_SECONDS = 0.1
 
+#: A worker message the store refused is tried again this often, and for this long.
+STORE_RETRY_SECONDS = 0.5
+STORE_GIVE_UP_SECONDS = 60.0
+#: The housekeeper never sleeps longer than this at once (threading's own limit is lower
+#: than an infinite --timeout or --park-after); it simply looks again.
+MAX_TIMER_WAIT = 3600.0
+
 NOT_WAITING = "Session not actively waiting for resume"
 TIMED_OUT = "Agent timed out"
 CANCELLED = "Turn cancelled"
@@ -170,7 +177,23 @@ class Turn:
     handle: Handle | None = None
     queued_values: list[Resume] = field(default_factory=list)
     last_heard: float = 0.0  # monotonic: the last message from its process
-    gated_in_flight: set[int] = field(default_factory=set)  # seqs of approved tools inside their body
+    backlog: deque[object] = field(default_factory=deque)  # worker messages the store has not taken yet
+    backlog_since: float = 0.0  # monotonic
+
+    def calls_in_flight(self) -> bool:
+        """Whether a journaled call (a tool body, a step, a model request) has started and
+        not finished, other than one waiting on a person through an interrupt inside it.
+        Parking then would cut it short: it would run again on replay, or, for an approved
+        gated tool, become "outcome unknown"."""
+        waiting: set[int] = set()
+        for entry in self.journal.values():
+            if entry.kind == INTERRUPT and not entry.done:
+                parent = entry.parent
+                while parent is not None and parent not in waiting:
+                    waiting.add(parent)
+                    above = self.journal.get(parent)
+                    parent = above.parent if above is not None else None
+        return any(e.kind != INTERRUPT and not e.done and e.seq not in waiting for e in self.journal.values())
 
     def move(self, new: TurnState) -> bool:
         """Change state; returns True if that gave up a compute slot."""
@@ -360,14 +383,16 @@ class Turns:
         if self._stopped:
             return
         self._stopped = True
-        for session in self._all():
-            self._settle_for_shutdown(session)
         deadline = time.monotonic() + timeout if timeout > 0 else None
-        with self._sched:
-            while any(s.turn is not None and s.turn.state in (TurnState.RUNNING, TurnState.QUEUED, TurnState.RESUMING) for s in self._all()):
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
+        while True:
+            for session in self._all():
+                self._settle_for_shutdown(session)  # waiting turns park (or are cancelled) as soon as they can
+            if not any(_busy(s.turn) for s in self._all()):
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            with self._sched:
                 self._sched.wait(0.1 if remaining is None else min(0.1, remaining))
         self._draining_done = True
         for session in self._all():
@@ -383,9 +408,9 @@ class Turns:
             turn = session.turn
             if turn is None or turn.state is TurnState.ENDED:
                 return
-            waiting = turn.state in (TurnState.WAITING, TurnState.PARKED)
+            waiting = turn.state is TurnState.PARKED or (turn.state is TurnState.WAITING and not turn.calls_in_flight())
             if not (waiting or force):
-                return
+                return  # still doing work: it gets the shutdown grace
             if self.store.durable:
                 if turn.handle is not None:
                     after.kill.append(turn.handle)
@@ -611,6 +636,9 @@ class Turns:
     # -- the pool's listener (manager thread) --------------------------------------------
 
     def worker_message(self, handle: Handle, message: object) -> None:
+        """A message from a turn's process. If the store cannot take it now (locked, full),
+        it waits in the turn's backlog, with every later message of that turn behind it, and
+        is retried: a worker message is never dropped (see ``_retry_backlog``)."""
         session, turn = self._owner(handle)
         if session is None or turn is None:
             return
@@ -619,26 +647,68 @@ class Turns:
             if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
                 return  # a message from a process this turn no longer owns
             turn.last_heard = time.monotonic()
-            if isinstance(message, Interrupt):
-                self._interrupted_locked(session, turn, message, after)
-            elif isinstance(message, Record):
-                self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
-                turn.journal[message.entry.seq] = message.entry
-                if message.entry.done:
-                    turn.gated_in_flight.discard(message.entry.seq)
-                elif message.ack:
-                    turn.gated_in_flight.add(message.entry.seq)
-                if message.ack:
-                    after.sends.append((handle, Ack(message.entry.seq)))
-            elif isinstance(message, Result):
-                self._end_locked(session, turn, after=after, response=message.response, state=message.state)
-            elif isinstance(message, Failure):
-                self._end_locked(session, turn, error=message.error, after=after)
+            if turn.backlog:
+                turn.backlog.append(message)
             else:
-                log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
+                try:
+                    self._apply_locked(session, turn, handle, message, after)
+                except ServerUnavailable as exc:
+                    turn.backlog.append(message)
+                    turn.backlog_since = time.monotonic()
+                    log.warning("session %s: %s; the worker's message waits and is retried", session.session_id, exc.detail)
+                    self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
         self._finish(after)
         if self._stopped and isinstance(message, Interrupt):
             self._settle_for_shutdown(session)  # nobody can answer it before the next start
+
+    def _apply_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
+        """Commit, then apply, one worker message. Raises ``ServerUnavailable`` with nothing
+        changed when the store refuses the write."""
+        if isinstance(message, Interrupt):
+            self._interrupted_locked(session, turn, message, after)
+        elif isinstance(message, Record):
+            self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
+            turn.journal[message.entry.seq] = message.entry
+            if message.ack:
+                after.sends.append((handle, Ack(message.entry.seq)))
+        elif isinstance(message, Result):
+            self._end_locked(session, turn, after=after, response=message.response, state=message.state)
+        elif isinstance(message, Failure):
+            self._end_locked(session, turn, error=message.error, after=after)
+        else:
+            log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
+
+    def _retry_backlog(self, turn: Turn) -> None:
+        """Apply a turn's waiting worker messages in order (housekeeping thread). After
+        ``STORE_GIVE_UP_SECONDS`` of failures the turn ends in error: its process is stopped,
+        and the store keeps what it last accepted (replayed at the next start if durable)."""
+        with self._registry:
+            session = self._sessions.get(turn.session_id)
+        if session is None:
+            return
+        after = _After()
+        with session.lock:
+            if session.turn is not turn or turn.state is TurnState.ENDED or not turn.backlog:
+                return
+            handle = turn.handle
+            try:
+                while turn.backlog:
+                    self._apply_locked(session, turn, handle, turn.backlog[0], after)  # type: ignore[arg-type]
+                    turn.backlog.popleft()
+                    if session.turn is not turn or turn.state is TurnState.ENDED:
+                        turn.backlog.clear()
+            except ServerUnavailable as exc:
+                if time.monotonic() - turn.backlog_since < STORE_GIVE_UP_SECONDS:
+                    self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
+                else:
+                    log.error("session %s: giving up on the store after %.0f s: %s", session.session_id, STORE_GIVE_UP_SECONDS, exc.detail)
+                    turn.backlog.clear()
+                    error = f"Could not save the turn to the session store: {exc.detail}"
+                    session.status, session.error = SessionStatus.ERROR, error
+                    self._stop_turn_locked(turn, after)
+                    session.turn = None
+                    after.publish.append(session.session_id)
+        self._finish(after)
 
     def worker_exited(self, handle: Handle) -> None:
         self.worker_message(handle, Failure(error=EXITED))
@@ -821,13 +891,15 @@ class Turns:
                     waits = [self._heap[0][0] - now] if self._heap else []
                     if next_sweep is not None:
                         waits.append(next_sweep - time.monotonic())
-                    self._timers.wait(max(0.0, min(waits)) if waits else None)
+                    self._timers.wait(min(max(0.0, min(waits)), MAX_TIMER_WAIT) if waits else None)
                 if self._stopped:
                     return
             for kind, turn in due:
                 try:
                     if kind == "timeout":
                         self._time_out(turn)
+                    elif kind == "retry":
+                        self._retry_backlog(turn)
                     else:
                         self._park(turn)
                 except Exception:
@@ -868,7 +940,7 @@ class Turns:
             if session.turn is not turn or turn.state is not TurnState.WAITING or turn.handle is None:
                 return
             quiet_at = turn.last_heard + max(self.park_after, PARK_SETTLE_SECONDS)
-            if time.monotonic() < quiet_at or turn.gated_in_flight:
+            if time.monotonic() < quiet_at or turn.calls_in_flight():
                 retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + 0.5
                 self._schedule(retry, "park", turn, monotonic=True)
                 return
@@ -876,6 +948,16 @@ class Turns:
             turn.handle = None
             turn.move(TurnState.PARKED)
         self._finish(after)
+
+
+def _busy(turn: Turn | None) -> bool:
+    """Work the shutdown grace waits for: a turn running or about to, or one waiting on a
+    person while a call of it is still inside its body (an approved tool, say)."""
+    if turn is None:
+        return False
+    if turn.state in (TurnState.RUNNING, TurnState.QUEUED, TurnState.RESUMING):
+        return True
+    return turn.state is TurnState.WAITING and turn.calls_in_flight()
 
 
 def _last_line(text: str) -> str:

@@ -63,8 +63,16 @@ def worker_main(conn: Connection, agent_path: str | None, agent_obj: Any = None)
     try:
         _run_on(loop, _run_and_report(conn, agent, job))
     finally:
+        channel = interrupt_module._channel
         interrupt_module._install(None)
         journal_module._install(None)
+        if channel is not None and channel.pipe_closed:
+            # The server closed our pipe (cancelled, parked) or died (kill -9): nobody will
+            # reap what the agent started, so end the whole process group, this process last.
+            try:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            finally:
+                os._exit(1)
 
 
 async def _run_and_report(conn: Connection, agent: Any, job: Job) -> None:

@@ -38,7 +38,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from motus.guardrails import GuardrailTripped, Guardrail, run_tool_input_guardrails, run_tool_output_guardrails
-from motus.serve.journal import OutcomeUnknown, ReplayDiverged, digest
+from motus.serve.journal import OutcomeUnknown, ReplayDiverged, Unrecordable, digest, pack
 from motus.serve.journal import current as current_journal
 from motus.serve.protocol import TOOL
 from motus.tools.approval import EditedArguments, approval_gate
@@ -179,10 +179,16 @@ class Tool:
         journal = current_journal()
         if journal is None:
             return await self._call_function(arguments)
+        async def run() -> Any:
+            result = await self._call_function(arguments)
+            try:
+                pack(("ok", result))
+            except Unrecordable:
+                return render_result(result)  # what the model reads anyway; a replay gets the same
+            return result
+
         key = f"{self.name}:{digest(arguments)}"
-        return await journal.call(
-            TOOL, key, self.name, lambda: self._call_function(arguments), gated=bool(self.requires_approval)
-        )
+        return await journal.call(TOOL, key, self.name, run, gated=bool(self.requires_approval))
 
     async def invoke(self, arguments: str | dict[str, Any] | None) -> str:
         """Run one model call of this tool and return the text the model reads.

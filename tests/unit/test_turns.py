@@ -322,11 +322,11 @@ def test_record_messages_join_the_journal_and_are_acknowledged_when_asked(make_t
     started = JournalEntry(seq=1, kind=TOOL, key="delete_db:{}", label="delete_db")
     turns.worker_message(handle, Record(started, ack=True))
     assert pool.sent_to(handle) == [Ack(1)]
-    assert turns._session(sid).turn.gated_in_flight  # type: ignore[union-attr]
+    assert turns._session(sid).turn.calls_in_flight()  # type: ignore[union-attr]
     turns.worker_message(handle, Record(started.finished(b"done")))
     assert pool.sent_to(handle) == [Ack(1)]  # no ack unless asked
     turn = turns._session(sid).turn
-    assert turn is not None and turn.journal == {1: started.finished(b"done")} and not turn.gated_in_flight
+    assert turn is not None and turn.journal == {1: started.finished(b"done")} and not turn.calls_in_flight()
 
 
 # -- messages from processes the turn no longer owns ------------------------------------------

@@ -35,6 +35,10 @@ def store_from_url(url: str) -> Store:
         return MemoryStore()
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
+        if path == ":memory:" or path.startswith(":memory:"):
+            raise StoreError("Store URL sqlite:///:memory: would not survive the process; use --store memory for that")
+        if "?" in path:
+            raise StoreError(f"Store URL {url!r} has a query string; motus takes none: use sqlite:///PATH")
         if not path or path.endswith("/"):
             raise StoreError(f"Store URL {url!r} names no file; use sqlite:///relative/path.db or sqlite:////absolute/path.db")
         from motus.serve.store.sqlite import SqliteStore

@@ -4,8 +4,8 @@ Guarantees:
 
 - Every ``save`` is one transaction, committed (WAL, ``synchronous=FULL``) before it
   returns, so what a client was told survives ``kill -9`` and power loss.
-- One server process per file: the process holds an exclusive ``flock`` on ``PATH.lock``
-  (which also records its pid) for as long as the store is open. A second server is refused
+- One server process per file: the process holds an exclusive ``flock`` on the database
+  file for as long as the store is open (its pid is written to ``PATH.pid``). A second server is refused
   with a message naming the file, the holder's pid, and PostgreSQL as the way to run several.
   The kernel drops the lock when the holder dies, however it dies.
 - The schema carries a version in ``meta``; a file written by a newer motus is refused,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -27,6 +28,8 @@ from typing import Any
 
 from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import SCHEMA_VERSION, SessionRecord, Store, StoreError, TurnRecord
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,7 +63,9 @@ CREATE TABLE IF NOT EXISTS journal (
 
 
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    # ASCII escapes: a lone surrogate a client sent (half an emoji) is kept as written, where
+    # SQLite's UTF-8 would refuse it.
+    return None if value is None else json.dumps(value)
 
 
 def _loads(text: str | None) -> Any:
@@ -94,24 +99,34 @@ class SqliteStore(Store):
             raise
 
     def _claim(self) -> None:
-        lock_path = self.path + ".lock"
+        """flock the database file itself (SQLite's own locks are fcntl locks, which flock
+        does not touch), so deleting a side file cannot let a second server in; the holder's
+        pid is written beside it, in ``PATH.pid``, for the refusal message."""
+        pid_path = self.path + ".pid"
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise StoreError(f"Cannot open store {self.url}: {exc.strerror} ({lock_path})") from None
+            raise StoreError(f"Cannot open store {self.url}: {exc.strerror} ({self.path})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
+            try:
+                with open(pid_path) as file:
+                    holder = file.read(32).strip() or "unknown"
+            except OSError:
+                holder = "unknown"
             raise StoreError(
                 f"Store {self.path} is in use by another motus server (pid {holder}); a SQLite store "
                 "serves one server process. Stop that server, choose another --store, or use "
                 "PostgreSQL (--store postgresql://...) to run several instances on one store."
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+        try:
+            with open(pid_path, "w") as file:
+                file.write(str(os.getpid()))
+        except OSError as exc:
+            log.warning("could not write %s: %s", pid_path, exc)
 
     def _release(self) -> None:
         if self._lock_fd is not None:

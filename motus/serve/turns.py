@@ -240,11 +240,13 @@ class Session:
         )
 
     def record(self, **changes: Any) -> SessionRecord:
-        """The row this session would have with ``changes`` applied (nothing is changed)."""
+        """The row this session would have with ``changes`` applied (nothing is changed).
+        The history (``state``) is left out unless given: it changes only when a turn ends,
+        and rewriting it on every interrupt and resume would cost as much as the history."""
         fields = {
             "session_id": self.session_id,
             "status": self.status.value,
-            "state": self.state,
+            "state": None,
             "response": self.response,
             "error": self.error,
             "turn_id": self.turn_id,
@@ -502,7 +504,7 @@ class Turns:
                     )
                 self._sessions[session.session_id] = session
             try:
-                self._save(session.record())
+                self._save(session.record(state=session.state))
             except ServerUnavailable:
                 session.deleted = True
                 with self._registry:

@@ -102,6 +102,14 @@ def test_entries_are_inserted_or_replaced_by_seq(opened: SqliteStore) -> None:
     assert loaded.turn is not None and loaded.turn.journal == [answered, finished]
 
 
+def test_a_save_without_state_keeps_the_stored_history(opened: SqliteStore) -> None:
+    """Interrupts and resumes do not change the history, so they do not rewrite it."""
+    opened.save(session())
+    opened.save(session(turn=live_turn(), state=None, response=None))
+    [loaded] = reopen(opened)
+    assert loaded.state == [MESSAGE, REPLY] and loaded.status == "interrupted" and loaded.response is None
+
+
 def test_a_session_saved_without_a_turn_has_no_journal(opened: SqliteStore) -> None:
     opened.save(session(turn=live_turn()), [PENDING, MODEL_CALL])
     opened.save(session(status="idle"), [ANSWERED])  # the turn ended: its journal goes, entries ignored
@@ -280,13 +288,25 @@ def test_store_from_url_accepts_memory_and_sqlite_paths(tmp_path: Path, monkeypa
 
 @pytest.mark.parametrize(
     "url",
-    ["", "sqlite:///", "sqlite:///data/", "sqlite://s.db", "sqlite:s.db", "mysql://db/x", "postgresql://db/x", "Memory", "file.db"],
+    ["", "sqlite:///", "sqlite:///data/", "sqlite://s.db", "sqlite:s.db", "mysql://db/x", "postgresql://db/x", "Memory", "file.db",
+     "sqlite:///:memory:", "sqlite:///s.db?mode=ro", "sqlite:///s.db?synchronous=off"],
 )
 def test_store_from_url_rejects_malformed_urls(url: str) -> None:
     with pytest.raises(StoreError) as refused:
         store_from_url(url)
     message = str(refused.value)
     assert "\n" not in message and ("sqlite:///" in message or "memory" in message)
+
+
+def test_synchronous_normal_is_the_one_option(tmp_path: Path) -> None:
+    assert store_from_url(f"sqlite:///{tmp_path}/a.db").synchronous == "FULL"  # type: ignore[attr-defined]
+    relaxed = store_from_url(f"sqlite:///{tmp_path}/b.db?synchronous=normal")
+    assert relaxed.synchronous == "NORMAL" and relaxed.path == str(tmp_path / "b.db")  # type: ignore[attr-defined]
+    relaxed.open()
+    try:
+        assert relaxed._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # type: ignore[attr-defined, union-attr]
+    finally:
+        relaxed.close()
 
 
 def test_default_store_url_is_named_after_the_agent() -> None:

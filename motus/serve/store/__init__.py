@@ -4,6 +4,7 @@
 |---|---|
 | ``memory`` | nothing survives the process |
 | ``sqlite:///rel/path.db``, ``sqlite:////abs/path.db`` | one file, one server process |
+| ``...?synchronous=normal`` | the same, without an fsync per commit: survives a killed process, not power loss |
 
 The default is ``sqlite:///.motus/<module>.<attr>.sqlite3`` in the working directory, named
 after the served agent, so two agents served from one folder never share sessions.
@@ -37,13 +38,20 @@ def store_from_url(url: str) -> Store:
         path = url[len("sqlite:///"):]
         if path == ":memory:" or path.startswith(":memory:"):
             raise StoreError("Store URL sqlite:///:memory: would not survive the process; use --store memory for that")
-        if "?" in path:
-            raise StoreError(f"Store URL {url!r} has a query string; motus takes none: use sqlite:///PATH")
+        path, _, query = path.partition("?")
+        synchronous = "full"
+        if query:
+            name, _, value = query.partition("=")
+            if name != "synchronous" or value.lower() not in ("full", "normal"):
+                raise StoreError(
+                    f"Store URL {url!r}: the only option is ?synchronous=full (the default) or ?synchronous=normal"
+                )
+            synchronous = value.lower()
         if not path or path.endswith("/"):
             raise StoreError(f"Store URL {url!r} names no file; use sqlite:///relative/path.db or sqlite:////absolute/path.db")
         from motus.serve.store.sqlite import SqliteStore
 
-        return SqliteStore(url, path)
+        return SqliteStore(url, path, synchronous=synchronous)
     if url.startswith(("postgresql://", "postgres://")):
         raise StoreError("PostgreSQL stores are not available in this version of motus; use sqlite:///PATH or memory")
     raise StoreError(

@@ -46,7 +46,7 @@ class TurnRecord:
 class SessionRecord:
     session_id: str
     status: str
-    state: list[dict[str, Any]]
+    state: list[dict[str, Any]] | None  # None in a save: the stored history is unchanged
     response: dict[str, Any] | None
     error: str | None
     turn_id: int
@@ -82,7 +82,8 @@ class Store(ABC):
     def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = ()) -> None:
         """Write the session (and its live turn's row, or no turn) plus ``entries`` of the
         live turn's journal (inserted or replaced by ``seq``), atomically. A session
-        without a live turn keeps no journal."""
+        without a live turn keeps no journal. ``record.state`` None keeps the stored
+        history (it must exist: a session is first saved with its state)."""
 
     @abstractmethod
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:

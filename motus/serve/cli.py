@@ -56,6 +56,21 @@ def resolve_store(opts: dict[str, Any]) -> str:
     return url
 
 
+def read_key_file(path: str | None) -> list[str]:
+    """API keys from a file, one per line (blank lines and ``#`` comments ignored)."""
+    if not path:
+        return []
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except OSError as exc:
+        raise click.UsageError(f"Cannot read --api-key-file {path}: {exc.strerror}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise click.UsageError(f"--api-key-file {path} holds no key")
+    return keys
+
+
 def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options every way of starting a server shares."""
     options = [
@@ -65,7 +80,7 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--workers", default=0, type=click.IntRange(0), help="Turns running at once (default: CPU count)."),
         click.option("--ttl", default=0.0, type=click.FloatRange(0), help="Sweep idle/error sessions untouched this long (s); 0 = never."),
         click.option("--timeout", default=0.0, type=click.FloatRange(0), help="Kill a turn after this many seconds; 0 = never."),
-        click.option("--max-sessions", default=0, type=click.IntRange(0), help="Cap on live sessions; 0 = unlimited."),
+        click.option("--max-sessions", default=10000, show_default=True, type=click.IntRange(0), help="Cap on sessions; 0 = unlimited."),
         click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0), help="Wait this long for running turns on shutdown; 0 = as long as they take. With a durable store, turns still running then are replayed at the next start."),
         click.option("--store", "store", default=None, envvar="MOTUS_STORE", metavar="URL", help="Where sessions live: memory, sqlite:///PATH (default: sqlite:///.motus/<module>.<attr>.sqlite3; $MOTUS_STORE)."),
         click.option("--park-after", "park_after", default=None, envvar="MOTUS_PARK_AFTER", metavar="SECONDS|never", callback=_parse_park_after, help="End the process of a turn that has waited on a person this long; a resume replays it (default: 30 with a durable store, never with memory)."),
@@ -77,6 +92,10 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-request-bytes", default=10 * 1024 * 1024, show_default=True, type=click.IntRange(1024), help="Refuse larger request bodies with 413."),
         click.option("--max-wait", default=300.0, show_default=True, type=click.FloatRange(0.1), help="Longest a long poll may wait (s)."),
         click.option("--max-interrupts", default=64, show_default=True, type=click.IntRange(0), help="Interrupts one turn may have pending at once; 0 = no limit."),
+        click.option("--api-key-file", "api_key_file", default=None, metavar="PATH", help="Read API keys from a file, one per line (keeps them out of `ps`); recommended over --api-key."),
+        click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", help="Accept this Host header too (repeatable); a loopback-bound server otherwise accepts only loopback names."),
+        click.option("--webhook-allow", "webhook_allow", multiple=True, metavar="CIDR|HOST", help="Let webhooks reach this network or host even where it would be refused (repeatable)."),
+        click.option("--read-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Drop a client that takes longer than this to send its request headers or body (s)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -135,7 +154,10 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             shutdown_timeout=opts["shutdown_timeout"],
             allow_custom_ids=opts["allow_custom_ids"],
             ui=not opts["no_ui"],
-            api_keys=list(opts["api_keys"]),
+            api_keys=list(opts["api_keys"]) + read_key_file(opts.get("api_key_file")),
+            host=opts["host"],
+            allowed_hosts=list(opts.get("allowed_hosts") or ()),
+            webhook_allow=list(opts.get("webhook_allow") or ()),
             max_request_bytes=opts["max_request_bytes"],
             max_wait=opts["max_wait"],
             max_interrupts=opts["max_interrupts"],
@@ -162,7 +184,7 @@ def start(**opts: Any) -> None:
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
     opts["store"] = resolve_store(opts)
-    warn_if_exposed(opts["host"], opts["api_keys"])
+    warn_if_exposed(opts["host"], tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file"))))
     sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
     run_gunicorn(
         server_factory(opts),
@@ -171,6 +193,7 @@ def start(**opts: Any) -> None:
         threads=opts["threads"],
         shutdown_timeout=opts["shutdown_timeout"],
         log_level=opts["log_level"],
+        read_timeout=opts["read_timeout"],
     )
 
 

@@ -15,6 +15,7 @@ from motus.serve.cli import (
     check_agent_path,
     check_port_free,
     configure_logging,
+    read_key_file,
     resolve_store,
     server_factory,
     server_options,
@@ -34,7 +35,7 @@ def serve_command(**opts: Any) -> None:
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
     opts["store"] = resolve_store(opts)
-    warn_if_exposed(opts["host"], opts["api_keys"])
+    warn_if_exposed(opts["host"], tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file"))))
     server = server_factory(opts)()
     server.start()
     try:

@@ -118,6 +118,7 @@ def run_gunicorn(
     threads: int,
     shutdown_timeout: float,
     log_level: str = "info",
+    read_timeout: float = 10.0,
 ) -> None:
     """Serve ``factory()``'s app (called in the worker, after the fork) until stopped."""
     graceful = math.ceil(shutdown_timeout) + 15 if shutdown_timeout else 365 * 24 * 3600

@@ -20,7 +20,7 @@ from typing import Any
 from flask import Flask
 
 from motus.serve.agents import check_agent, load_agent
-from motus.serve.auth import ApiKeys
+from motus.serve.auth import ApiKeys, is_loopback
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
 from motus.serve.pool import PoolClosed, WorkerPool
@@ -71,6 +71,9 @@ class AgentServer:
         max_waiters: int = 0,
         store: str | Store | None = None,
         park_after: float | None | str = "default",
+        host: str = "127.0.0.1",
+        allowed_hosts: list[str] | None = None,
+        webhook_allow: list[str] | None = None,
     ) -> None:
         if isinstance(agent, str):
             load_agent(agent)  # a bad path is a clear error now, not at the first turn
@@ -102,7 +105,12 @@ class AgentServer:
             park_after = DEFAULT_PARK_AFTER if self.store.durable else None
         self.park_after: float | None = park_after  # type: ignore[assignment]
         self.events = Events()
-        self.webhooks = WebhookSender()
+        #: The address the server is bound to: a loopback-bound server accepts only loopback
+        #: Host names (plus ``allowed_hosts``), and its webhooks may reach private networks.
+        self.host = host
+        self.allowed_hosts = list(allowed_hosts or ())
+        self.webhook_allow = list(webhook_allow or ())
+        self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=not is_loopback(host))
         self.turns = Turns(
             self.store,
             self.events,

@@ -37,7 +37,9 @@ def webhook_body(end: TurnEnd) -> dict[str, Any]:
 
 
 class WebhookSender:
-    def __init__(self) -> None:
+    def __init__(self, allow: list[str] | None = None, exposed: bool = False) -> None:
+        self.allow = list(allow or ())
+        self.exposed = exposed
         self._queue: queue.Queue[TurnEnd | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="motus-webhooks", daemon=True)
         self._started = False

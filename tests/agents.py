@@ -168,3 +168,9 @@ async def gil_hog(message: ChatMessage, state: list[ChatMessage]):
     await asyncio.sleep(0.2)
     await asyncio.to_thread(hog)
     await gate
+
+
+async def environment(message: ChatMessage, state: list[ChatMessage]):
+    """Reports whether the agent can see an environment variable (keys must not leak in)."""
+    response = ChatMessage.assistant_message(content=f"{message.content}={os.environ.get(message.content or '')!r}")
+    return response, state + [message, response]

@@ -30,9 +30,12 @@ After tool results it answers with a summary quoting each tool's result text, e.
 ``delete_file: Deleted old_logs.txt`` or ``delete_file: {"error": "User rejected delete_file"}``.
 
 Every file operation stays inside a sandbox directory: ``$MOTUS_EXAMPLE_DIR``, default
-``<tmp>/motus-hitl-example``. When that directory does not exist it is created with a
-few sample files (``old_logs.txt``, ``notes.txt``, ``downloads/...``); a path that
-resolves outside it (``..``, an absolute path elsewhere, a symlink out) is refused.
+``<tmp>/motus-hitl-example-<uid>`` (private: mode 0700, refused if someone else made it).
+When that directory does not exist it is created with a few sample files (``old_logs.txt``,
+``notes.txt``, ``downloads/...``); a path that resolves outside it (``..``, an absolute path
+elsewhere, a symlink out) is refused, and files are read, deleted and moved through checked
+directory descriptors without following symlinks, so a link swapped in between the check
+and the use cannot lead out either.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,12 +64,30 @@ SAMPLE_FILES = {
 
 
 def sandbox() -> Path:
-    """The directory every tool works in; created with sample files when missing."""
-    root = Path(os.environ.get("MOTUS_EXAMPLE_DIR") or Path(tempfile.gettempdir()) / "motus-hitl-example")
-    if not root.exists():
+    """The directory every tool works in; created (mode 0700) with sample files when missing.
+
+    The default is private to this user: ``<tmp>/motus-hitl-example-<uid>``. A default
+    directory that is not a real directory owned by this user and closed to others (someone
+    else created it first, or swapped it for a symlink) is refused rather than used.
+    """
+    configured = os.environ.get("MOTUS_EXAMPLE_DIR")
+    root = Path(configured or Path(tempfile.gettempdir()) / f"motus-hitl-example-{os.getuid()}")
+    try:
+        root.mkdir(mode=0o700, parents=bool(configured))
+        created = True
+    except FileExistsError:
+        created = False
+    if not configured:
+        info = os.lstat(root)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PermissionError(
+                f"{root} is not a private directory of this user (it must be a real directory, owned by "
+                f"uid {os.getuid()}, mode 0700); remove it or set MOTUS_EXAMPLE_DIR"
+            )
+    if created:
         for name, text in SAMPLE_FILES.items():
             target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             target.write_text(text)
     return root.resolve()
 
@@ -78,6 +99,37 @@ def _inside(path: str) -> Path:
     if candidate != root and root not in candidate.parents:
         raise ValueError(f"{path!r} is outside the sandbox; use paths relative to {root}")
     return candidate
+
+
+def _checked_fd(fd: int, what: str) -> int:
+    """Keep ``fd`` only if what it really opened is inside the sandbox (Linux: /proc)."""
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return fd  # no /proc: the checks of _inside stand alone
+    root = sandbox()
+    if real != root and root not in real.parents:
+        os.close(fd)
+        raise ValueError(f"{what!r} changed to lead outside the sandbox while it was being used")
+    return fd
+
+
+def _open_parent(path: str) -> tuple[int, str]:
+    """An fd of the (checked) directory holding ``path``, and the name inside it: operations
+    through it cannot be redirected by a symlink swapped in after the check."""
+    target = _inside(path)
+    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    return _checked_fd(fd, path), target.name
+
+
+def _read_text(path: str) -> str:
+    parent, name = _open_parent(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent)
+    finally:
+        os.close(parent)
+    with os.fdopen(fd, errors="replace") as file:
+        return file.read(4000)
 
 
 def _relative(path: Path) -> str:
@@ -105,7 +157,7 @@ def read_file(path: str) -> str:
     Args:
         path: the file, relative to the sandbox.
     """
-    return _inside(path).read_text(errors="replace")[:4000]
+    return _read_text(path)
 
 
 @tool(requires_approval=True)
@@ -118,7 +170,11 @@ def delete_file(path: str) -> str:
     target = _inside(path)
     if not target.is_file():
         raise FileNotFoundError(f"no file {path!r}")
-    target.unlink()
+    parent, name = _open_parent(path)
+    try:
+        os.unlink(name, dir_fd=parent)  # removes a name; never follows a link
+    finally:
+        os.close(parent)
     return f"Deleted {_relative(target)}"
 
 
@@ -137,8 +193,16 @@ def move_file(source: str, destination: str) -> str:
         target = target / origin.name
     if target.exists():
         raise FileExistsError(f"{_relative(target)} already exists")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(origin), str(target))
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    source_dir, source_name = _open_parent(source)
+    try:
+        target_dir, target_name = _open_parent(_relative(target))
+        try:
+            os.rename(source_name, target_name, src_dir_fd=source_dir, dst_dir_fd=target_dir)
+        finally:
+            os.close(target_dir)
+    finally:
+        os.close(source_dir)
     return f"Moved {_relative(origin)} to {_relative(target)}"
 
 

@@ -25,7 +25,8 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from motus.serve.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
+from motus.serve.jsonshape import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, containers_upper_bound, json_depth_exceeds
+from motus.serve.origin import check_request
 
 from motus.serve.schemas import (
     CreateSessionRequest,
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
+#: A session may be created with at most this many messages of history (validated one by one,
+#: each costs a few KiB while it is checked).
+MAX_STATE_MESSAGES = 10_000
+
 #: Long polls wait 30 s unless the client asks otherwise (never longer than ``--max-wait``).
 DEFAULT_WAIT_SECONDS = 30.0
 
@@ -62,6 +67,7 @@ def create_app(server: Any) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = server.max_request_bytes
     app.extensions["motus"] = server
+    app.before_request(_refuse_cross_site)
     app.register_blueprint(api)
     app.register_error_handler(ServeError, _serve_error)
     app.register_error_handler(HTTPException, _http_error)
@@ -78,6 +84,19 @@ api = Blueprint("motus_api", __name__)
 
 def _server() -> Any:
     return current_app.extensions["motus"]
+
+
+def _refuse_cross_site() -> None:
+    """Pages the user happens to visit must not drive the server (see ``origin.py``)."""
+    server = _server()
+    check_request(request.method, request.headers, server.host, server.allowed_hosts)
+
+
+@api.after_request
+def _no_store(response: Response) -> Response:
+    """API answers hold sessions, interrupts and tool arguments: never keep them in a cache."""
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 @api.before_request
@@ -107,6 +126,12 @@ def _body(model: type[M], allow_empty: bool = False) -> M:
             raise BadRequest("Request body is required: send a JSON object")
         data: Any = {}
     else:
+        containers = containers_upper_bound(raw)
+        if containers > MAX_JSON_CONTAINERS:
+            raise BadRequest(
+                f"Request body holds too many JSON objects and arrays (up to {containers}; the limit is "
+                f"{MAX_JSON_CONTAINERS}): send fewer, larger items"
+            )
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -117,6 +142,11 @@ def _body(model: type[M], allow_empty: bool = False) -> M:
         raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}")
     if json_depth_exceeds(data):
         raise BadRequest(f"Request body nested too deeply: the limit is {MAX_JSON_DEPTH} levels")
+    state = data.get("state") if model is CreateSessionRequest else None
+    if isinstance(state, list) and len(state) > MAX_STATE_MESSAGES:
+        raise BadRequest(
+            f"state holds {len(state)} messages; a session may be created with at most {MAX_STATE_MESSAGES}"
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

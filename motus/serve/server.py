@@ -20,6 +20,7 @@ from typing import Any
 from flask import Flask
 
 from motus.serve.agents import check_agent, load_agent
+from motus.serve.auth import ENV_VAR as API_KEY_ENV_VAR
 from motus.serve.auth import ApiKeys, is_loopback
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
@@ -161,6 +162,11 @@ class AgentServer:
                 log.error("%s", exc)
                 raise ServerUnavailable(str(exc)) from None
             replays = self.turns.recover()
+            # The keys were read when this server was built. Agents must not see them: a
+            # tool that prints its environment would leak what approves tool calls. Worker
+            # processes inherit this process' environment through the forkserver, which
+            # starts with the pool below.
+            os.environ.pop(API_KEY_ENV_VAR, None)
             pool = WorkerPool(
                 listener=self.turns,
                 agent_path=self.agent_path,

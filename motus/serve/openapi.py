@@ -42,12 +42,14 @@ _MODELS: list[type[BaseModel]] = [
 ]
 
 _REASONS = {
-    400: "Malformed request: bad JSON, not an object, or a bad query parameter",
+    400: "Malformed request: bad JSON, not an object, too many items, a bad query parameter, or a Host name a loopback server does not answer to",
     401: "Missing or wrong API key",
+    403: "A cross-site request: its Origin is not this server's",
     404: "Unknown session, or an interrupt id that is not pending right now",
     405: "Custom session ids are disabled (start with --allow-custom-ids)",
     409: "The session is running or interrupted, or the id exists",
     413: "Request body larger than --max-request-bytes",
+    415: "A body that is not declared Content-Type: application/json",
     422: "The body does not match the schema; the detail names the field",
     503: "Session limit reached, or the server is shutting down",
 }
@@ -77,7 +79,9 @@ def _operation(
     if headers:
         success["headers"] = headers
     responses: dict[str, Any] = {str(status): success}
-    codes = sorted(set(errors) | ({401} if auth else set()))
+    # Every operation refuses a foreign Host (400) and a cross-site Origin (403); one with a
+    # body also refuses a body that is not declared JSON (415).
+    codes = sorted(set(errors) | {400, 403} | ({415} if body is not None else set()) | ({401} if auth else set()))
     for code in codes:
         responses[str(code)] = {"description": _REASONS[code], "content": _json_content(_ref("ErrorResponse"))}
     if auth:

@@ -103,3 +103,48 @@ def test_fuzz(servers: dict[str, Server], which: str, mode: GenerationMode, pres
             except Exception as exc:  # collect every operation's failure, report them together
                 failures.append(f"{operation.label} [{target}]: {exc}")
     assert not failures, "\n\n".join(failures)
+
+
+HEADER_VALUES = {
+    "Content-Type": [None, "application/json", "application/json; charset=utf-8", "application/problem+json", "text/plain",
+                     "application/x-www-form-urlencoded", "multipart/form-data; boundary=b", "", "application/jsonx", "json"],
+    "Host": [None, "localhost", "127.0.0.1", "[::1]:1", "evil.example", "127.0.0.1.evil.example", "", "localhost:notaport", "Ä.example"],
+    "Origin": [None, "null", "http://evil.example", "http://localhost", "http://127.0.0.1", "file://", "https://localhost:1", "garbage"],
+}
+
+
+@pytest.mark.slow
+def test_fuzz_browser_headers(servers: dict[str, Server]) -> None:
+    """Content types, Host names and Origins as a web page or a rebinding attack would send
+    them: never a 5xx; a refused request changes nothing; a request that passes the checks
+    had to be same-site JSON."""
+    from hypothesis import strategies as st
+
+    server = servers["open"]
+    port = server.url.rsplit(":", 1)[1]
+    sid = requests.post(server.url + "/sessions", json={}, timeout=10).json()["session_id"]
+    operations = [("post", "/sessions", b"{}"), ("post", f"/sessions/{sid}/resume", b'{"interrupt_id": "x", "value": 1}'),
+                  ("get", "/sessions", None), ("delete", f"/sessions/{uuid.uuid4()}", None), ("get", "/ui/", None)]
+    http = requests.Session()
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(
+        operation=st.sampled_from(operations),
+        headers=st.fixed_dictionaries({name: st.sampled_from(values) for name, values in HEADER_VALUES.items()}),
+    )
+    def run(operation: tuple[str, str, bytes | None], headers: dict[str, str | None]) -> None:
+        method, path, body = operation
+        sent = {name: value.replace("PORT", port) for name, value in headers.items() if value is not None}
+        sent.setdefault("Host", f"127.0.0.1:{port}")
+        before = snapshot(server, {})
+        response = http.request(method, server.url + path, data=body, headers=sent, timeout=20)
+        assert response.status_code < 500, (method, path, sent, response.status_code, response.text)
+        if 400 <= response.status_code < 500:
+            assert snapshot(server, {}) == before, (method, path, sent)
+        if response.status_code < 400 and method != "get":
+            host = sent["Host"].split(":")[0] if not sent["Host"].startswith("[") else "[::1]"
+            assert host in ("localhost", "127.0.0.1", "[::1]"), sent
+            assert "Origin" not in sent or sent["Origin"].split("//")[-1].split(":")[0] == host.strip("[]"), sent
+            assert sent.get("Content-Type", "").split(";")[0].strip().endswith("json") or body is None, sent
+
+    run()

@@ -1,4 +1,4 @@
-"""The interactive chat of ``motus serve chat``: a REPL that answers every interrupt.
+r"""The interactive chat of ``motus serve chat``: a REPL that answers every interrupt.
 
 Built only on :mod:`motus.client` (``Client.finish_turn`` drives each turn); this module adds
 the terminal: how interrupts are shown and answered, the spinner, and session cleanup.
@@ -20,12 +20,22 @@ How each interrupt is answered (the resume ``value``):
 Guarantees: each pending interrupt is asked once per poll cycle; a session this chat
 created is deleted when it exits (also on Ctrl-C), unless ``--keep``; a session joined
 with ``--session`` is never deleted; errors are one line on stderr, never a traceback.
+
+Nothing the server or the agent sent reaches the terminal raw: every such string goes
+through :func:`visible` (or :func:`visible_json`), which shows control characters (C0, DEL,
+C1, so also ESC/CSI/OSC sequences and ``\r``), Unicode bidi controls and line separators
+as escapes (``\x1b``, ``\r``, ``\u202e``), so a tool argument cannot overwrite, hide or
+reorder what the approval prompt shows. Line breaks are kept only where text is
+multi-line by nature (the agent's reply, an error, a markdown preview, a multi-line
+argument, which is shown as a block with every line marked ``|``); in one-line fields
+(tool and argument names, questions, options, ids) ``\n`` is escaped too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 from http import HTTPStatus
@@ -43,6 +53,49 @@ OTHER_LABEL = "(Other: type your own answer)"
 
 #: Statuses in which a turn is still in progress (a new message would get 409).
 _BUSY = ("running", "interrupted")
+
+
+# --------------------------------------------------------------------------- terminal-safe text
+
+#: What must never reach a terminal raw: C0 controls (the tab and the line feed are allowed
+#: back in by ``visible(..., multiline=True)``), DEL and C1 controls, the Unicode bidi
+#: controls (embeddings, overrides, isolates, marks), the line and paragraph separators,
+#: and lone surrogates (which would not even encode).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def visible(text: object, multiline: bool = False) -> str:
+    r"""``text`` safe to print on a terminal: each control or bidi character as a visible escape.
+
+    ``"a.db\r  path: b"`` shows as ``a.db\r  path: b`` (a backslash and an ``r``), an escape
+    sequence ``"\x1b]0;x\x07"`` as ``\x1b]0;x\x07``, a right-to-left override as ``\u202e``.
+    With ``multiline`` the line feed and the tab stay as they are; ``\r`` never does.
+    Backslashes are not doubled: ``\r`` on screen is an escaped carriage return or those
+    two characters, and neither moves the cursor.
+    """
+    text = str(text)
+    if multiline:
+        return _UNSAFE.sub(lambda match: match.group() if match.group() in "\n\t" else _escape(match.group()), text)
+    return _UNSAFE.sub(lambda match: _escape(match.group()), text)
+
+
+def visible_json(value: Any, indent: int | None = None) -> str:
+    r"""``value`` as JSON that is safe to print, and still valid JSON equal to ``value``.
+
+    ``json.dumps`` escapes C0 controls; DEL, C1, bidi controls, separators and lone
+    surrogates are escaped here as ``\uXXXX``, which decodes to the same string. Other
+    non-ASCII text (accents, CJK, emoji) stays readable.
+    """
+    text = json.dumps(value, indent=indent, ensure_ascii=False)  # its only raw line feeds are the indentation's
+    return _UNSAFE.sub(lambda match: match.group() if match.group() == "\n" else f"\\u{ord(match.group()):04x}", text)
 
 
 class Console:
@@ -139,7 +192,7 @@ def answer_interrupt(info: InterruptInfo, console: Console) -> Any:
             return answer_user_input(questions, console)
         console.note("[warn] malformed user_input payload (questions need question, header and options with labels)")
     else:
-        console.note(f"[warn] unknown interrupt type: {info.type}")
+        console.note(f"[warn] unknown interrupt type: {visible(info.type)}")
     return answer_custom(info.payload, console)
 
 
@@ -147,7 +200,7 @@ def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str,
     tool_name = payload.get("tool_name") or "(unnamed tool)"
     args = payload.get("tool_args")
     edited = False
-    console.say(f"\nThe agent wants to run: {tool_name}")
+    console.say(f"\nThe agent wants to run: {visible(tool_name)}")
     while True:
         console.say(format_arguments(args))
         console.say("(y = approve, e = edit the arguments first, n or Enter = reject)")
@@ -187,7 +240,7 @@ def answer_user_input(questions: list[dict[str, Any]], console: Console) -> dict
 
 
 def answer_custom(payload: dict[str, Any], console: Console) -> Any:
-    console.say(json.dumps(payload, indent=2, ensure_ascii=False))
+    console.say(visible_json(payload, indent=2))
     while True:
         text = console.ask("Answer with a JSON value (Enter to skip): ").strip()
         if not text:
@@ -200,7 +253,7 @@ def answer_custom(payload: dict[str, Any], console: Console) -> Any:
 
 
 def _ask_json_object(console: Console, current: Any) -> Any:
-    console.say("Current arguments: " + json.dumps(current, ensure_ascii=False))
+    console.say("Current arguments: " + visible_json(current))
     while True:
         text = console.ask("New arguments as a JSON object (Enter to keep): ").strip()
         if not text:
@@ -226,30 +279,38 @@ def _ask_nonempty(console: Console, prompt: str) -> str:
 
 
 def format_arguments(args: Any) -> str:
-    """Tool arguments one per line, ``  name: value``; strings as-is, the rest as JSON."""
+    """Tool arguments one per line, ``  name: value``: strings as text, the rest as JSON.
+
+    Control and bidi characters are escaped (:func:`visible`). A string with line feeds is
+    a block: ``  name: (N lines)``, then each line as ``    | line``, so no part of a value
+    can pass for another argument.
+    """
     if args is None or args == {}:
         return "  (no arguments)"
     if not isinstance(args, dict):
-        return "  " + json.dumps(args, ensure_ascii=False)
+        return "  " + visible_json(args)
     lines = []
     for name, value in args.items():
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        first, *rest = text.split("\n") if text else [""]
-        lines.append(f"  {name}: {first}")
-        lines.extend("    " + line for line in rest)
+        if isinstance(value, str) and "\n" in value:
+            parts = value.split("\n")
+            lines.append(f"  {visible(name)}: ({len(parts)} lines)")
+            lines.extend("    | " + visible(part) for part in parts)
+        else:
+            lines.append(f"  {visible(name)}: {visible(value) if isinstance(value, str) else visible_json(value)}")
     return "\n".join(lines)
 
 
 def format_question(question: dict[str, Any], unicode: bool = True) -> str:
     """A question with its header, numbered options and previews, and the Other choice."""
     header = question.get("header")
-    lines = [f"[{header}] {question['question']}" if header else str(question["question"])]
+    text = visible(question["question"])
+    lines = [f"[{visible(header)}] {text}" if header else text]
     if question.get("multiSelect"):
         lines.append("(choose one or more, separated by commas, e.g. 1,3)")
     options = question["options"]
     for number, option in enumerate(options, start=1):
         description = option.get("description")
-        lines.append(f"  {number}. {option['label']}" + (f" - {description}" if description else ""))
+        lines.append(f"  {number}. {visible(option['label'])}" + (f" - {visible(description)}" if description else ""))
         if option.get("markdown"):
             lines.extend(boxed(str(option["markdown"]), indent="     ", unicode=unicode))
     lines.append(f"  {len(options) + 1}. {OTHER_LABEL}")
@@ -257,7 +318,8 @@ def format_question(question: dict[str, Any], unicode: bool = True) -> str:
 
 
 def boxed(text: str, indent: str = "", unicode: bool = True) -> list[str]:
-    """``text`` in a box, for monospace previews."""
+    """``text`` in a box, for monospace previews (controls escaped; line feeds kept)."""
+    text = visible(text, multiline=True)
     top, side, bottom = ("┌", "│", "└") if unicode else ("+", "|", "+")
     rule = ("─" if unicode else "-") * max(8, min(60, max(len(line) for line in text.splitlines() or [""]) + 2))
     return [indent + top + rule, *(f"{indent}{side} {line}" for line in text.splitlines()), indent + bottom + rule]
@@ -360,7 +422,7 @@ class Chat:
         if message is not None:
             return 0 if self._turn(message, one_shot=True) else 1
         self.console.note(
-            f"Chatting with {self.client.base_url} (session {self._sid}). Type /quit or press Ctrl-D to leave."
+            f"Chatting with {visible(self.client.base_url)} (session {visible(self._sid)}). Type /quit or press Ctrl-D to leave."
         )
         if joined is not None and joined.status in _BUSY:
             self.console.note("[info] finishing the turn in progress first")
@@ -409,10 +471,10 @@ class Chat:
         """Print how a turn ended: True for idle, False for error, None if still paused."""
         if session.status == "idle":
             content = session.response.content if session.response else None
-            self.console.say(content if content else "(empty response)")
+            self.console.say(visible(content, multiline=True) if content else "(empty response)")
             return True
         if session.status == "error":
-            self.console.note(f"Error: {error_summary(session.error)}")
+            self.console.note(f"Error: {visible(error_summary(session.error), multiline=True)}")
             return False
         pending = len(session.interrupts or [])
         if not one_shot:
@@ -432,14 +494,14 @@ class Chat:
                 except NotFound:
                     log.info("session %s was already gone", self.session_id)
                 except ClientError as exc:
-                    self.console.note(f"[warn] could not delete session {self.session_id}: {describe_error(exc)}")
+                    self.console.note(f"[warn] could not delete session {visible(self.session_id)}: {describe_error(exc)}")
                 else:
                     if status == EXIT_INTERRUPTED:
-                        self.console.note(f"Deleted session {self.session_id}.")
+                        self.console.note(f"Deleted session {visible(self.session_id)}.")
             elif self.created and self.session_id:
-                self.console.note(f"Session kept: {self.session_id}")
+                self.console.note(f"Session kept: {visible(self.session_id)}")
         except KeyboardInterrupt:
-            self.console.note(f"\nInterrupted; session {self.session_id} may still exist.")
+            self.console.note(f"\nInterrupted; session {visible(self.session_id)} may still exist.")
             return EXIT_INTERRUPTED
         finally:
             self.client.close()
@@ -447,14 +509,14 @@ class Chat:
 
 
 def describe_error(exc: ClientError) -> str:
-    """One line for a person: what failed and, for 401, what to do about it."""
+    """One line for a person: what failed and, for 401, what to do about it (controls escaped)."""
     if exc.status is None:
-        return exc.detail
+        return visible(exc.detail)
     try:
         phrase = HTTPStatus(exc.status).phrase
     except ValueError:
         phrase = "HTTP error"
-    text = f"{exc.status} {phrase}: {exc.detail}"
+    text = f"{exc.status} {phrase}: {visible(exc.detail)}"
     if exc.status == 401:
         text += " (set --api-key or MOTUS_API_KEY)"
     return text

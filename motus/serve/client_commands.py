@@ -9,6 +9,12 @@ Failures never show a traceback: a server that is not there prints
 ``Error: Could not connect to URL``; an HTTP error prints its status and the server's
 ``detail``; both exit with status 1. Ctrl-C exits with 130.
 
+Nothing the server sent is printed raw: the text output shows control and bidi characters
+as escapes (``\\x1b``, ``\\r``, ``\\u202e``; see :func:`motus.serve.chat.visible`), and
+``--json`` prints JSON in which those characters are ``\\uXXXX`` escapes
+(:func:`motus.serve.chat.visible_json`): still valid JSON that decodes to exactly what the
+server sent, so scripts lose nothing and a terminal shows no raw escape sequence.
+
 ``--param KEY=VALUE`` values become the message's ``user_params``: ``42`` -> int,
 ``1.5`` -> float, ``true``/``false`` -> bool, anything else (including ``nan``, ``inf``
 and an empty value) stays a string.
@@ -38,7 +44,7 @@ from motus.client import (
     Webhook,
 )
 from motus.models import ChatMessage
-from motus.serve.chat import EXIT_INTERRUPTED, Chat, Console, describe_error
+from motus.serve.chat import EXIT_INTERRUPTED, Chat, Console, describe_error, visible, visible_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -115,7 +121,7 @@ def _handle_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except ConnectionFailed as exc:
-            click.echo(f"Error: {exc.detail}", err=True)
+            click.echo(f"Error: {visible(exc.detail)}", err=True)
         except ClientError as exc:
             click.echo(f"Error: {describe_error(exc)}", err=True)
         except KeyboardInterrupt:
@@ -127,7 +133,7 @@ def _handle_errors(command: F) -> F:
 
 
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    click.echo(visible_json(data, indent=2))
 
 
 def _fetch_and_print(
@@ -155,40 +161,44 @@ def _indent(text: str, prefix: str) -> str:
 
 
 def format_session(session: SessionResponse) -> str:
-    lines = [f"session_id: {session.session_id}", f"status: {session.status}"]
+    lines = [f"session_id: {visible(session.session_id)}", f"status: {visible(session.status)}"]
     if session.response is not None:
         lines.append("response:")
         lines.append(_indent(format_message(session.response), "  "))
     if session.error:
         lines.append("error:")
-        lines.append(_indent(session.error.rstrip(), "  "))
+        lines.append(_indent(visible(session.error.rstrip(), multiline=True), "  "))
     for item in session.interrupts or []:
-        lines.append(f"interrupt {item.interrupt_id} ({item.type}):")
-        lines.append(_indent(json.dumps(item.payload, indent=2, ensure_ascii=False), "  "))
+        lines.append(f"interrupt {visible(item.interrupt_id)} ({visible(item.type)}):")
+        lines.append(_indent(visible_json(item.payload, indent=2), "  "))
     return "\n".join(lines)
 
 
 def format_sessions(rows: list[SessionSummary]) -> str:
     if not rows:
         return "No sessions."
-    width = max(len("SESSION ID"), *(len(row.session_id) for row in rows))
+    ids = [visible(row.session_id) for row in rows]
+    width = max(len("SESSION ID"), *(len(sid) for sid in ids))
     lines = [f"{'SESSION ID':<{width}}  {'STATUS':<11}  MESSAGES"]
-    lines.extend(f"{row.session_id:<{width}}  {row.status:<11}  {row.total_messages}" for row in rows)
+    lines.extend(f"{sid:<{width}}  {visible(row.status):<11}  {row.total_messages}" for sid, row in zip(ids, rows))
     return "\n".join(lines)
 
 
 def format_message(message: ChatMessage) -> str:
-    """``role: content``, tool calls as ``name(arguments)``, continuation lines indented."""
-    who = message.role + (f" ({message.name})" if message.name and message.role == "tool" else "")
+    """``role: content``, tool calls as ``name(arguments)``, continuation lines indented.
+
+    Control and bidi characters are escaped; only the content keeps its line feeds.
+    """
+    who = visible(message.role) + (f" ({visible(message.name)})" if message.name and message.role == "tool" else "")
     parts = []
     if message.content:
-        parts.append(message.content)
+        parts.append(visible(message.content, multiline=True))
     for call in message.tool_calls or []:
-        parts.append(f"-> {call.function.name}({call.function.arguments})")
+        parts.append(f"-> {visible(call.function.name)}({visible(call.function.arguments)})")
     if message.base64_image:
         parts.append("[image]")
     if message.user_params:
-        parts.append("user_params: " + json.dumps(message.user_params, ensure_ascii=False))
+        parts.append("user_params: " + visible_json(message.user_params))
     body = "\n".join(parts) if parts else "(empty)"
     first, *rest = body.split("\n")
     return "\n".join([f"{who}: {first}", *("  " + line for line in rest)])
@@ -232,7 +242,7 @@ def health(url: str, as_json: bool, api_key: str | None) -> None:
         as_json,
         lambda client: client.health(),
         lambda result: result.model_dump(mode="json"),
-        lambda result: "\n".join(f"{key}: {value}" for key, value in result.model_dump().items()),
+        lambda result: "\n".join(f"{visible(key)}: {visible(value)}" for key, value in result.model_dump().items()),
     )
 
 
@@ -257,7 +267,7 @@ def create(url: str, session_id: str | None, state_file: str | None, as_json: bo
         as_json,
         lambda client: client.create_session(state=state, session_id=session_id),
         lambda session: session.model_dump(mode="json"),
-        lambda session: session.session_id,
+        lambda session: visible(session.session_id),
     )
 
 
@@ -332,7 +342,7 @@ def delete(url: str, session_id: str, as_json: bool, api_key: str | None) -> Non
     if as_json:
         _print_json({"session_id": session_id, "deleted": True})
     else:
-        click.echo(f"Deleted session {session_id}")
+        click.echo(f"Deleted session {visible(session_id)}")
 
 
 @click.command()
@@ -405,7 +415,7 @@ def send(
             if as_json:
                 _print_json(accepted.model_dump(mode="json"))
             else:
-                click.echo(f"Message accepted; session {accepted.session_id} is {accepted.status}.")
+                click.echo(f"Message accepted; session {visible(accepted.session_id)} is {visible(accepted.status)}.")
             return
         session = _wait_until_settled(client, session_id, timeout)
     _print_session(session, as_json)

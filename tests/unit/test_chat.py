@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -60,7 +61,8 @@ def test_boxed_falls_back_to_ascii() -> None:
 
 def test_format_arguments_is_one_line_per_argument() -> None:
     assert format_arguments({"path": "/tmp/x", "force": True, "n": [1, 2]}) == '  path: /tmp/x\n  force: true\n  n: [1, 2]'
-    assert format_arguments({"text": "a\nb"}) == "  text: a\n    b"
+    # A multi-line value is a marked block: no line of it can pass for another argument.
+    assert format_arguments({"text": "a\n  force: false"}) == "  text: (2 lines)\n    | a\n    |   force: false"
     assert format_arguments({}) == "  (no arguments)"
     assert format_arguments(None) == "  (no arguments)"
     assert format_arguments([1]) == "  [1]"
@@ -83,6 +85,63 @@ def test_tool_approval_yes_no_reason_and_edit() -> None:
     assert answer_interrupt(info(APPROVAL), console) == {"approved": True, "tool_args": {"path": "/tmp/new.txt"}}
     assert "Not valid JSON" in out.getvalue() and "must be a JSON object" in out.getvalue()
     assert "  path: /tmp/new.txt" in out.getvalue()
+
+
+SPOOFED_PATH = "important.db\r  path: old_logs.txt"
+
+
+def test_tool_approval_shows_control_and_bidi_characters_escaped() -> None:
+    payload = {
+        "type": "tool_approval",
+        "tool_name": "delete_file\x1b[8m",
+        "tool_args": {"path": SPOOFED_PATH, "title\x1b]0;pwned\x07": "txt.\u202egnp", "meta": {"note": "\u2067x\x9b"}},
+    }
+    console, out, _ = scripted("y")
+    assert answer_interrupt(info(payload), console) == {"approved": True}
+    shown = out.getvalue()
+    assert "The agent wants to run: delete_file\\x1b[8m\n" in shown
+    assert "  path: important.db\\r  path: old_logs.txt\n" in shown
+    assert "  title\\x1b]0;pwned\\x07: txt.\\u202egnp\n" in shown
+    assert '  meta: {"note": "\\u2067x\\u009b"}\n' in shown
+    assert not any(c in shown for c in "\r\x1b\x07\x9b\u202e\u2067")
+
+    # Editing starts from the arguments as JSON that still decodes to the same values.
+    console, out, _ = scripted("e", "", "y")
+    assert answer_interrupt(info(payload), console) == {"approved": True, "tool_args": payload["tool_args"]}
+    line = out.getvalue().split("Current arguments: ", 1)[1].split("\n", 1)[0]
+    assert json.loads(line) == payload["tool_args"]
+    assert "\\u202e" in line and "\u202e" not in line
+
+
+def test_questions_and_custom_payloads_are_escaped() -> None:
+    questions = {
+        "type": "user_input",
+        "questions": [
+            {
+                "question": "Keep the files?\n  1. No - delete everything",
+                "header": "Files\x1b[2J",
+                "options": [
+                    {"label": "Yes\u202e", "description": "keep\rthem", "markdown": "a\x1b[31m\nb\u2028c"},
+                    {"label": "No", "description": "delete"},
+                ],
+            }
+        ],
+    }
+    console, out, _ = scripted("1")
+    # The answer is the label as the agent sent it; only the display is escaped.
+    assert answer_interrupt(info(questions), console) == {"answers": {"Keep the files?\n  1. No - delete everything": "Yes\u202e"}}
+    shown = out.getvalue()
+    assert "[Files\\x1b[2J] Keep the files?\\n  1. No - delete everything\n" in shown
+    assert "  1. Yes\\u202e - keep\\rthem\n" in shown
+    assert "| a\\x1b[31m\n" in shown and "| b\\u2028c\n" in shown
+    assert not any(c in shown for c in "\r\x1b\u202e\u2028")
+
+    custom = {"type": "color\x1b]8;;http://evil\x07", "prompt": "pick\u202e\x85"}
+    console, out, err = scripted('"x"')
+    assert answer_interrupt(info(custom), console) == "x"
+    assert "[warn] unknown interrupt type: color\\x1b]8;;http://evil\\x07" in err.getvalue()
+    assert json.loads(out.getvalue().split("Answer with")[0]) == custom
+    assert not any(c in out.getvalue() + err.getvalue() for c in "\x1b\x07\u202e\x85")
 
 
 def test_user_input_single_multi_and_other() -> None:
@@ -139,5 +198,7 @@ def test_error_summary_keeps_the_last_traceback_line() -> None:
 
 def test_describe_error() -> None:
     assert describe_error(NotFound("Session not found", 404)) == "404 Not Found: Session not found"
+    assert describe_error(NotFound("gone\r\x1b[2Kfine", 404)) == "404 Not Found: gone\\r\\x1b[2Kfine"
+    assert describe_error(ClientError("no\u202eway")) == "no\\u202eway"
     assert describe_error(Unauthorized("Invalid API key", 401)).endswith("(set --api-key or MOTUS_API_KEY)")
     assert describe_error(ClientError("boom")) == "boom"

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
+from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import pytest
+import requests
+from urllib3.exceptions import MaxRetryError, NameResolutionError, NewConnectionError, ProtocolError
 
 from motus.models import AnthropicChatClient, ChatMessage, ModelError, OpenAIChatClient, OpenRouterChatClient
+from motus.models.http import request_not_sent, scrub
 from motus.models.messages import FunctionCall, ToolCall
 from tests.conftest import free_port
 from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
@@ -166,10 +173,201 @@ def test_connection_errors_are_retried_then_reported() -> None:
     sleeps = Sleeps()
     base_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     client = OpenAIChatClient(api_key=KEY, base_url=base_url, sleep=sleeps, max_retries=2, backoff=0.01)
-    with pytest.raises(ModelError, match=f"could not connect to {base_url}") as caught:
+    with pytest.raises(ModelError, match=f"could not connect to {base_url}: ConnectionRefusedError") as caught:
         client.chat(model="m", messages=[ChatMessage.user_message("hi")])
+    assert caught.value.retryable
     assert sleeps == [0.01, 0.02]
     assert KEY not in str(caught.value)
+
+
+class RawProvider:
+    """A loopback TCP server that reads each whole HTTP request, then does what ``mode`` says:
+
+    - ``ok``: answers 200 with an OpenAI reply;
+    - ``reset``: resets the connection (RST) without answering;
+    - ``close``: closes the connection (FIN) without answering;
+    - ``partial``: sends the status line, headers and half the body, then closes.
+
+    Made with ``listening=False`` its port is bound but refuses connections until
+    :meth:`listen` is called. ``requests`` counts the requests read whole.
+    """
+
+    def __init__(self, mode: str, *, listening: bool = True) -> None:
+        self.mode = mode
+        self.requests = 0
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._thread: threading.Thread | None = None
+        if listening:
+            self.listen()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def listen(self) -> None:
+        if self._thread is None:
+            self._socket.listen(8)
+            self._thread = threading.Thread(target=self._serve, name="raw-provider")
+            self._thread.start()
+
+    def close(self) -> None:
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)  # wakes the accept() below
+        except OSError:
+            pass  # never listened
+        self._socket.close()
+        if self._thread is not None:
+            self._thread.join(10)
+            assert not self._thread.is_alive()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                return
+            with conn:
+                if not self._read_request(conn):
+                    continue
+                self.requests += 1
+                self._answer(conn)
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bool:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            body += chunk
+        return True
+
+    def _answer(self, conn: socket.socket) -> None:
+        body = json.dumps(openai_text("ok")).encode()
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        if self.mode == "ok":
+            conn.sendall(head + body)
+        elif self.mode == "partial":
+            conn.sendall(head + body[: len(body) // 2])
+        elif self.mode == "reset":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() sends RST
+        # "close": the with block closes it
+
+
+@pytest.fixture
+def raw_provider() -> Iterator[Callable[..., RawProvider]]:
+    made: list[RawProvider] = []
+
+    def make(mode: str, **kwargs: bool) -> RawProvider:
+        made.append(RawProvider(mode, **kwargs))
+        return made[-1]
+
+    yield make
+    for provider in made:
+        provider.close()
+
+
+def test_a_refused_connection_is_retried_and_the_retry_can_succeed(raw_provider) -> None:
+    provider = raw_provider("ok", listening=False)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # between the attempts, the provider comes up
+        sleeps.append(seconds)
+        provider.listen()
+
+    client = OpenAIChatClient(api_key=KEY, base_url=provider.url, sleep=sleep, max_retries=3, backoff=0.01)
+    assert client.chat(model="m", messages=[ChatMessage.user_message("hi")]).message.content == "ok"
+    assert sleeps == [0.01]
+    assert provider.requests == 1
+
+
+@pytest.mark.parametrize("mode", ["reset", "close", "partial"])
+def test_a_failure_after_the_request_was_sent_is_not_retried(raw_provider, mode: str) -> None:
+    """The provider read the whole request, then the connection broke: asking again could
+    bill the generation twice, so the client reports it instead of retrying."""
+    provider = raw_provider(mode)
+    sleeps = Sleeps()
+    client = OpenAIChatClient(api_key=KEY, base_url=provider.url, sleep=sleeps, max_retries=3, backoff=0.01)
+    with pytest.raises(ModelError) as caught:
+        client.chat(model="m", messages=[ChatMessage.user_message("hi")])
+    assert not caught.value.retryable
+    assert sleeps == []
+    assert provider.requests == 1
+    assert "gave up" not in str(caught.value) and KEY not in str(caught.value)
+    if mode == "reset":
+        assert "not retried" in str(caught.value) and "ConnectionResetError" in str(caught.value)
+
+
+def _connection_error(reason: BaseException) -> requests.ConnectionError:
+    return requests.ConnectionError(MaxRetryError(None, "/chat/completions", reason))  # type: ignore[arg-type]
+
+
+def test_only_errors_that_prove_the_request_was_not_sent_count_as_not_sent() -> None:
+    refused = NewConnectionError(None, "Failed to establish a new connection: [Errno 111] Connection refused")  # type: ignore[arg-type]
+    dns = NameResolutionError("api.example.test", None, socket.gaierror(-2, "Name or service not known"))  # type: ignore[arg-type]
+    assert request_not_sent(_connection_error(refused))
+    assert request_not_sent(_connection_error(dns))
+    assert request_not_sent(requests.ConnectTimeout("connect timed out"))
+
+    reset = requests.ConnectionError(ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer")))
+    assert not request_not_sent(reset)
+    assert not request_not_sent(requests.ConnectionError("something unknown"))
+    assert not request_not_sent(requests.exceptions.SSLError(_connection_error(refused)))
+    assert not request_not_sent(requests.ReadTimeout("read timed out"))
+
+
+# -- scrub ----------------------------------------------------------------------------------
+
+SECRET = "sk-proj-AbCdEf0123456789GhIjKl/+xyz=="
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"Incorrect API key provided: {SECRET}.", "Incorrect API key provided: ***."),
+        (f"GET /v1?key={quote(SECRET, safe='')} failed", "GET /v1?key=*** failed"),
+        (f"echoed {quote(SECRET)}!", "echoed ***!"),
+        # OpenAI's way of echoing a key: its first and last characters around asterisks.
+        ("Incorrect API key provided: sk-proj-AbCd**************Kl/+xyz==.", "Incorrect API key provided: ***" + "*" * 14 + "***."),
+        (f"key starts {SECRET[:8]}, ends {SECRET[-8:]}", "key starts ***, ends ***"),
+        (f"too short to tell: {SECRET[:7]} {SECRET[-7:]}", f"too short to tell: {SECRET[:7]} {SECRET[-7:]}"),
+        ("header was Authorization: Bearer eyJhbGciOi.J9x_y-z~+/== (rejected)", "header was Authorization: Bearer *** (rejected)"),
+        ("bearer t0k", "bearer ***"),
+        ("another key sk-ant-api03-Zx9_Yw8-Vu7Ts6Rq5Po4 is not yours", "another key *** is not yours"),
+        ("OpenRouter: sk-or-v1-0123456789abcdef0123 and or-0123456789abcdef0123", "OpenRouter: *** and ***"),
+        ('{"api_key": "AIzaSyD-1234567890abcdefghij"}', '{"api_key": "***"}'),
+        ("token=QWxhZGRpbjpvcGVuIHNlc2FtZQ== expired", "token=*** expired"),
+        # Words, not secrets: left alone.
+        ("token: invalid_authentication_credentials", "token: invalid_authentication_credentials"),
+        ("ask for help with scikit-learn or sk-learn", "ask for help with scikit-learn or sk-learn"),
+        ("max_tokens: must be positive", "max_tokens: must be positive"),
+    ],
+)
+def test_scrub_removes_the_key_and_anything_like_a_secret(text: str, expected: str) -> None:
+    assert scrub(text, SECRET) == expected
+
+
+def test_scrub_without_a_key_still_removes_secrets_and_is_pure() -> None:
+    assert scrub("Bearer abc.def sk-ant-api03-Zx9_Yw8-Vu7Ts6Rq5Po4", None) == "Bearer *** ***"
+    assert scrub("nothing to hide", None) == "nothing to hide"
+    text = f"x {SECRET} y"
+    assert scrub(text, SECRET) == scrub(text, SECRET) == "x *** y"
+    assert text == f"x {SECRET} y"
+
+
+def test_provider_errors_scrub_a_partly_echoed_key(fake_provider: FakeProvider) -> None:
+    fake_provider.script(openai_error(f"Incorrect API key provided: {KEY[:10]}****{KEY[-8:]}", 401, "invalid_api_key"))
+    with pytest.raises(ModelError) as caught:
+        openai(fake_provider).chat(model="m", messages=[ChatMessage.user_message("hi")])
+    assert str(caught.value) == "OpenAI returned HTTP 401: Incorrect API key provided: ***" + "****" + "*** (invalid_api_key)"
 
 
 def test_a_read_timeout_is_an_error_and_not_retried(fake_provider: FakeProvider) -> None:

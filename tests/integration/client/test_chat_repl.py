@@ -7,6 +7,7 @@ sees and what the agent received (``tests.client_agents:hitl`` replies ``got <va
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,6 +16,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from motus.cli import main
+from motus.models import ChatMessage
+from motus.serve.interrupt import interrupt
 
 from tests.conftest import ROOT, Server, free_port, server_env, server_factory
 from tests.integration.client.terminal import Terminal
@@ -26,6 +29,30 @@ AGENT = "tests.client_agents:hitl"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with server_factory(tmp_path_factory.mktemp("chat")) as start:
         yield start(AGENT, "--workers", "2")
+
+
+#: A tool call crafted to lie on a terminal: the carriage return would overprint the real path
+#: with a harmless one, the OSC sequence would retitle the window, the CSI one clear the screen,
+#: and the right-to-left override would show "exe.txt" as "txt.exe".
+SPOOFED_APPROVAL = {
+    "type": "tool_approval",
+    "tool_name": "delete_file\x1b[8m",
+    "tool_args": {"path": "important.db\r  path: old_logs.txt", "note": "\x1b]0;owned\x07\x1b[2Jrun \u202etxt.exe"},
+}
+
+
+async def spoofing(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:
+    """The agent of ``spoof_server`` (the server imports it from this module): asks for the
+    approval above, then replies with text that tries to move the cursor and erase a line."""
+    value = await interrupt(SPOOFED_APPROVAL)
+    reply = ChatMessage.assistant_message(content="done\r\x1b[1A\x1b[2Kall fine " + json.dumps(value) + "\n\u202egnp.exe")
+    return reply, [*state, message, reply]
+
+
+@pytest.fixture(scope="module")
+def spoof_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with server_factory(tmp_path_factory.mktemp("spoof")) as start:
+        yield start("tests.integration.client.test_chat_repl:spoofing")
 
 
 @pytest.fixture
@@ -101,6 +128,23 @@ def test_approve_reject_with_reason_and_edit_arguments(server, terminal) -> None
     assert b"| working" in chat.raw, "the spinner never showed on the terminal"
     assert "Traceback" not in chat.text()
     assert not exists(server, session_id), "the chat did not delete the session it created"
+
+
+def test_control_and_bidi_characters_from_the_agent_are_shown_escaped(spoof_server, terminal) -> None:
+    chat = terminal(spoof_server.url, "go")
+    chat.expect_literal("The agent wants to run: delete_file\\x1b[8m\n")
+    chat.expect_literal("  path: important.db\\r  path: old_logs.txt\n")
+    chat.expect_literal("  note: \\x1b]0;owned\\x07\\x1b[2Jrun \\u202etxt.exe\n")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("y")
+    chat.expect_literal('done\\r\\x1b[1A\\x1b[2Kall fine {"approved": true}\n\\u202egnp.exe')
+    assert chat.wait_exit() == 0
+    # The raw bytes on the terminal: none of the agent's sequences, only the chat's own
+    # (the spinner's frames and "\r\x1b[K", and the pty's "\r\n" line ends).
+    raw = re.sub(rb"\r[|/\\-] working", b"", chat.raw).replace(b"\r\x1b[K", b"").replace(b"\r\n", b"\n")
+    for sequence in (b"\x1b]0;owned", b"\x1b[2J", b"\x1b[8m", b"\x1b[1A", b"\x07", b"\r", "\u202e".encode()):
+        assert sequence not in raw, sequence
+    assert b"important.db\\r  path: old_logs.txt" in raw
 
 
 def test_pick_option_several_options_and_other_answers(server, terminal) -> None:

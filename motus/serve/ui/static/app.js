@@ -4,6 +4,11 @@
  * Guarantees the rest of this file keeps:
  * - Text from the agent or an interrupt payload is only ever inserted as text
  *   (textContent / text nodes), never parsed as HTML.
+ * - In interrupt cards and tool calls, characters that can hide or reorder text (C0 and
+ *   C1 controls, DEL, bidi marks, embeddings, overrides and isolates, line separators)
+ *   are never shown raw: JSON shows them as its own escapes ("\u202e", "\r"), plain
+ *   text as "⟨U+202E⟩", each in a highlighted span.ctl that names the character.
+ *   The values sent back are the agent's own, unchanged.
  * - One request loop per open session (this tab only opens one): a long poll
  *   (?wait=true) while the session is running, otherwise a plain refresh every few
  *   seconds while the tab is visible, and at once after this tab acts. Switching
@@ -64,13 +69,83 @@
     }
   }
 
-  /** Pretty-print a string holding JSON; return it unchanged if it is not JSON. */
-  function prettyJsonString(text) {
-    if (typeof text !== "string") return pretty(text);
+  // ---------------------------------------------------------------- hidden characters, shown
+
+  /** Characters that can overprint, hide or reorder what a card shows: C0 and C1 controls
+   *  and DEL, the bidi marks, embeddings, overrides and isolates, and the line and
+   *  paragraph separators. */
+  const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]/g;
+  const HIDDEN_NAMES = {
+    0x061c: "ARABIC LETTER MARK",
+    0x200e: "LEFT-TO-RIGHT MARK",
+    0x200f: "RIGHT-TO-LEFT MARK",
+    0x2028: "LINE SEPARATOR",
+    0x2029: "PARAGRAPH SEPARATOR",
+    0x202a: "LEFT-TO-RIGHT EMBEDDING",
+    0x202b: "RIGHT-TO-LEFT EMBEDDING",
+    0x202c: "POP DIRECTIONAL FORMATTING",
+    0x202d: "LEFT-TO-RIGHT OVERRIDE",
+    0x202e: "RIGHT-TO-LEFT OVERRIDE",
+    0x2066: "LEFT-TO-RIGHT ISOLATE",
+    0x2067: "RIGHT-TO-LEFT ISOLATE",
+    0x2068: "FIRST STRONG ISOLATE",
+    0x2069: "POP DIRECTIONAL ISOLATE",
+  };
+  const JSON_SHORT_ESCAPES = { b: 0x08, f: 0x0c, n: 0x0a, r: 0x0d, t: 0x09 };
+  const hex4 = (code) => code.toString(16).padStart(4, "0");
+
+  /** A highlighted stand-in for one hidden character; its title names the character. */
+  function hiddenMark(code, shown) {
+    const name = HIDDEN_NAMES[code] || (code >= 0xd800 && code <= 0xdfff ? "lone surrogate" : "control character");
+    return el("span", { class: "ctl", title: `U+${hex4(code).toUpperCase()} ${name}` }, shown);
+  }
+
+  /** Plain text as nodes, each hidden character shown as a marked "⟨U+XXXX⟩".
+   *  With ``multiline``, line feeds and tabs stay as they are. */
+  function visibleText(value, { multiline = false } = {}) {
+    const text = String(value);
+    const nodes = [];
+    let last = 0;
+    for (const match of text.matchAll(HIDDEN)) {
+      if (multiline && (match[0] === "\n" || match[0] === "\t")) continue;
+      if (match.index > last) nodes.push(text.slice(last, match.index));
+      const code = match[0].charCodeAt(0);
+      nodes.push(hiddenMark(code, `⟨U+${hex4(code).toUpperCase()}⟩`));
+      last = match.index + 1;
+    }
+    if (last < text.length) nodes.push(text.slice(last));
+    return nodes;
+  }
+
+  /** ``value`` as pretty JSON in which every hidden character is a "\uXXXX" escape:
+   *  still valid JSON, and it parses back to exactly ``value``. */
+  function visibleJson(value) {
+    return pretty(value).replace(HIDDEN, (ch) => (ch === "\n" ? ch : `\\u${hex4(ch.charCodeAt(0))}`));
+  }
+
+  /** JSON text (from visibleJson) as nodes, with each escape of a control or hidden
+   *  character ("\r", "\u001b", "\u202e") marked; "\\", "\"" and "\/" stay plain. */
+  function markedJson(text) {
+    const nodes = [];
+    let last = 0;
+    for (const match of text.matchAll(/\\(?:u([0-9a-fA-F]{4})|([bfnrt])|["\\/])/g)) {
+      if (!match[1] && !match[2]) continue;
+      if (match.index > last) nodes.push(text.slice(last, match.index));
+      nodes.push(hiddenMark(match[1] ? parseInt(match[1], 16) : JSON_SHORT_ESCAPES[match[2]], match[0]));
+      last = match.index + match[0].length;
+    }
+    if (last < text.length) nodes.push(text.slice(last));
+    return nodes;
+  }
+
+  /** A string that may hold JSON (tool arguments, tool results): pretty, marked JSON if
+   *  it parses, else the text with its hidden characters marked. */
+  function visibleJsonString(text) {
+    if (typeof text !== "string") return markedJson(visibleJson(text));
     try {
-      return JSON.stringify(JSON.parse(text), null, 2);
+      return markedJson(visibleJson(JSON.parse(text)));
     } catch {
-      return text;
+      return visibleText(text, { multiline: true });
     }
   }
 
@@ -440,7 +515,7 @@
       return el(
         "li",
         { class: "msg tool" },
-        el("details", {}, el("summary", {}, "Result of ", el("code", {}, name)), el("pre", { class: "mono" }, prettyJsonString(content))),
+        el("details", {}, el("summary", {}, "Result of ", el("code", {}, visibleText(name))), el("pre", { class: "mono" }, visibleJsonString(content))),
       );
     }
     if (role === "system") {
@@ -457,8 +532,8 @@
         el(
           "details",
           { class: "tool-call" },
-          el("summary", {}, "Called ", el("code", {}, String(fn.name || "a tool"))),
-          el("pre", { class: "mono" }, prettyJsonString(fn.arguments ?? "{}")),
+          el("summary", {}, "Called ", el("code", {}, visibleText(fn.name || "a tool"))),
+          el("pre", { class: "mono" }, visibleJsonString(fn.arguments ?? "{}")),
         ),
       );
     }
@@ -608,15 +683,18 @@
 
   function approvalCard(interrupt, payload) {
     const args = payload.tool_args === undefined ? {} : payload.tool_args;
-    const card = cardShell(interrupt, "approval", "Approve this tool call? ", el("code", { class: "tool-name" }, payload.tool_name));
+    const card = cardShell(interrupt, "approval", "Approve this tool call? ", el("code", { class: "tool-name" }, visibleText(payload.tool_name)));
     const argsId = uid("args");
-    const argsView = el("pre", { class: "mono args", id: argsId }, pretty(args));
+    // The editor starts from the same text: valid JSON, so approving it unchanged sends
+    // exactly the arguments the agent proposed.
+    const argsJson = visibleJson(args);
+    const argsView = el("pre", { class: "mono args", id: argsId }, markedJson(argsJson));
     const editId = uid("edit");
     const editError = el("p", { class: "field-error", id: uid("edit-error"), role: "alert" });
     const editor = el("textarea", {
       class: "mono",
       id: editId,
-      rows: String(Math.min(12, pretty(args).split("\n").length + 1)),
+      rows: String(Math.min(12, argsJson.split("\n").length + 1)),
       spellcheck: "false",
       "aria-describedby": editError.id,
     });
@@ -636,7 +714,7 @@
       edit.setAttribute("aria-expanded", on ? "true" : "false");
       approve.textContent = on ? "Approve with these arguments" : "Approve";
       if (on) {
-        editor.value = pretty(args);
+        editor.value = argsJson;
         editError.textContent = "";
         editor.setAttribute("aria-invalid", "false");
         editor.focus();
@@ -719,12 +797,18 @@
   /** One question: its options (buttons, or checkboxes when multiSelect) and "Other". */
   function questionBlock(q, submit) {
     const multi = q.multiSelect === true;
-    const legend = el("legend", {}, q.header ? el("span", { class: "chip" }, String(q.header)) : null, el("span", { class: "question-text" }, q.question));
+    const legend = el(
+      "legend",
+      {},
+      q.header ? el("span", { class: "chip" }, visibleText(q.header)) : null,
+      el("span", { class: "question-text" }, visibleText(q.question, { multiline: true })),
+    );
     const fieldset = el("fieldset", { class: "question" }, legend);
     const options = el("div", { class: "options" });
     const otherId = uid("other");
     const other = el("input", { id: otherId, type: "text", autocomplete: "off", class: "other-input" });
     const controls = [];
+    const labels = new Map(); // control -> the option's label, as the agent sent it
 
     q.options.forEach((option) => {
       const descId = uid("desc");
@@ -732,16 +816,16 @@
       const hasDesc = typeof option.description === "string" && option.description !== "";
       const hasPreview = typeof option.markdown === "string" && option.markdown !== "";
       const describedBy = [hasDesc ? descId : null, hasPreview ? previewId : null].filter(Boolean).join(" ") || null;
-      const desc = hasDesc ? el("span", { class: "option-desc", id: descId }, option.description) : null;
-      const preview = hasPreview ? el("pre", { class: "mono preview", id: previewId }, option.markdown) : null;
+      const desc = hasDesc ? el("span", { class: "option-desc", id: descId }, visibleText(option.description, { multiline: true })) : null;
+      const preview = hasPreview ? el("pre", { class: "mono preview", id: previewId }, visibleText(option.markdown, { multiline: true })) : null;
       let control;
       let wrapper;
       if (multi) {
         const boxId = uid("choice");
         control = el("input", { type: "checkbox", id: boxId, value: option.label, "aria-describedby": describedBy });
-        wrapper = el("div", { class: "option check" }, control, el("label", { for: boxId }, el("span", { class: "option-label" }, option.label), desc));
+        wrapper = el("div", { class: "option check" }, control, el("label", { for: boxId }, el("span", { class: "option-label" }, visibleText(option.label)), desc));
       } else {
-        control = el("button", { type: "button", class: "option-button", "aria-pressed": "false", "aria-describedby": describedBy }, el("span", { class: "option-label" }, option.label));
+        control = el("button", { type: "button", class: "option-button", "aria-pressed": "false", "aria-describedby": describedBy }, el("span", { class: "option-label" }, visibleText(option.label)));
         control.addEventListener("click", () => {
           const chosen = control.getAttribute("aria-pressed") !== "true";
           for (const c of controls) c.setAttribute("aria-pressed", "false");
@@ -752,6 +836,7 @@
       }
       if (preview) wrapper.append(preview);
       controls.push(control);
+      labels.set(control, option.label);
       options.append(wrapper);
     });
 
@@ -772,20 +857,20 @@
     const answer = () => {
       const typed = other.value.trim();
       if (multi) {
-        const chosen = controls.filter((c) => c.checked).map((c) => c.value);
+        const chosen = controls.filter((c) => c.checked).map((c) => labels.get(c));
         if (typed) chosen.push(typed);
         return chosen.join(", ");
       }
       if (typed) return typed;
       const pressed = controls.find((c) => c.getAttribute("aria-pressed") === "true");
-      return pressed ? pressed.textContent : "";
+      return pressed ? labels.get(pressed) : "";
     };
     const focusFirst = () => (controls[0] || other).focus();
     return { node: fieldset, answer, focusFirst };
   }
 
   function customCard(interrupt, payload, type) {
-    const card = cardShell(interrupt, "custom", "The agent is waiting: ", el("code", {}, type));
+    const card = cardShell(interrupt, "custom", "The agent is waiting: ", el("code", {}, visibleText(type)));
     const answerId = uid("answer");
     const error = el("p", { class: "field-error", id: uid("answer-error"), role: "alert" });
     const hintId = uid("answer-hint");
@@ -803,10 +888,10 @@
     });
     // A custom payload often carries its own words for the person; show them first.
     const words = ["prompt", "message", "question", "text"].map((k) => payload[k]).find((v) => typeof v === "string" && v);
-    if (words) card.append(el("p", { class: "card-prompt" }, words));
+    if (words) card.append(el("p", { class: "card-prompt" }, visibleText(words, { multiline: true })));
     card.append(
       el("p", { class: "card-label" }, "This request has no dedicated form here. What the agent sent:"),
-      el("pre", { class: "mono payload" }, pretty(interrupt.payload)),
+      el("pre", { class: "mono payload" }, markedJson(visibleJson(interrupt.payload))),
       el(
         "div",
         { class: "field" },

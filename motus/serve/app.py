@@ -150,7 +150,10 @@ def _body(model: type[M], allow_empty: bool = False) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise Unprocessable(f"Invalid request body: {describe_validation_error(exc)}") from None
+        detail = f"Invalid request body: {describe_validation_error(exc)}"
+        if all(error.get("loc", ())[:1] == ("webhook",) for error in exc.errors()):
+            raise BadRequest(detail) from None  # a webhook that may not be called: 400 naming why
+        raise Unprocessable(detail) from None
 
 
 def _read_body() -> bytes:

@@ -406,8 +406,9 @@ def send(
     if webhook_url:
         try:
             webhook = Webhook(url=webhook_url, token=webhook_token, include_messages=webhook_include_messages)
-        except ValidationError:
-            raise click.BadParameter("must be an http:// or https:// URL", param_hint="--webhook-url") from None
+        except ValidationError as exc:
+            reasons = "; ".join(str(error.get("msg", "invalid")) for error in exc.errors()[:3])
+            raise click.BadParameter(visible(reasons), param_hint="--webhook-url/--webhook-token") from None
     user_params = parse_params(params)
     with Client(url, api_key=api_key) as client:
         accepted = client.send_message(session_id, message, role=role, user_params=user_params, webhook=webhook)

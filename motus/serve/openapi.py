@@ -42,7 +42,7 @@ _MODELS: list[type[BaseModel]] = [
 ]
 
 _REASONS = {
-    400: "Malformed request: bad JSON, not an object, too many items, a bad query parameter, or a Host name a loopback server does not answer to",
+    400: "Malformed request: bad JSON, not an object, too many items, a bad query parameter, a webhook that may not be called, or a Host name a loopback server does not answer to",
     401: "Missing or wrong API key",
     403: "A cross-site request: its Origin is not this server's",
     404: "Unknown session, or an interrupt id that is not pending right now",

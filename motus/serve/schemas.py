@@ -13,22 +13,32 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from motus.models import ChatMessage
+from motus.serve.webhooks import MAX_URL_LENGTH, check_token, check_url
 
 StatusName = Literal["idle", "running", "interrupted", "error"]
 
 
 class Webhook(BaseModel):
+    """Where to POST the outcome of the turn. The URL is checked here (``check_url``: http or
+    https, a well-formed host, no whitespace or control characters, at most 2048 characters);
+    where it may connect to is checked at delivery, on the addresses the host resolves to."""
+
     model_config = ConfigDict(extra="ignore")
 
-    url: str = Field(min_length=1)
+    url: str = Field(min_length=1, json_schema_extra={"maxLength": MAX_URL_LENGTH, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"})
     token: str | None = None
     include_messages: bool = False
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
+        check_url(value)  # ValueError naming the problem
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _header_safe_token(cls, value: str | None) -> str | None:
+        check_token(value)
         return value
 
 

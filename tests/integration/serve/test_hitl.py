@@ -463,7 +463,7 @@ def test_long_poll_sees_delete(server: Server) -> None:
         ("post", "/sessions", '{"state": [{"role": "robot"}]}', 422, "role"),
         ("post", "/sessions/{sid}/messages", "", 400, "body is required"),
         ("post", "/sessions/{sid}/messages", '{"content": 5}', 422, "content"),
-        ("post", "/sessions/{sid}/messages", '{"content": "x", "webhook": {"url": "ftp://x"}}', 422, "webhook.url"),
+        ("post", "/sessions/{sid}/messages", '{"content": "x", "webhook": {"url": "ftp://x"}}', 400, "webhook.url"),
         ("post", "/sessions/{sid}/resume", '{"value": 1}', 422, "interrupt_id"),
         ("post", "/sessions/{sid}/resume", '{"interrupt_id": 5}', 422, "interrupt_id"),
         ("post", "/sessions/{sid}/resume", "null", 400, "JSON object"),

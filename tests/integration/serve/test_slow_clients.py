@@ -1,0 +1,403 @@
+"""Slow clients (slowloris) cannot take the request threads from everyone else.
+
+Each test runs a real server with few request threads and a short ``--read-timeout``, opens
+hundreds of loopback connections that send part of a request and then one byte every half
+second (one helper thread drives them all through a selector), and checks that
+
+- another client's requests (health, create, message, the interrupt, the resume) are each
+  answered within about a second meanwhile, and
+- every slow connection is closed by the server within ``--read-timeout`` plus a margin,
+  although it keeps sending: the timeout bounds the whole head and body, not each read.
+"""
+
+from __future__ import annotations
+
+import json
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import ROOT, Server, free_port, server_env, wait_healthy, wait_until
+
+READ_TIMEOUT = 2.0
+#: How late after ``READ_TIMEOUT`` a slow connection may still be open (the server sweeps
+#: on its own clock; this is a correctness property, not a benchmark).
+DROP_MARGIN = 1.5
+#: The bound on each request of the well-behaved client while the attack runs.
+ANSWER_WITHIN = 1.5
+DRIP_INTERVAL = 0.5
+
+HEAD = b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+SLOW_HEAD = (HEAD + b"X-Slow: ", b"a")
+SLOW_BODY = (HEAD + b"Content-Length: 1000\r\n\r\n{", b" ")
+SLOW_CHUNKED = (HEAD + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n", b"1\r\n \r\n")
+SILENT = (b"", b"")
+#: More than the server's main loop buffers (1 MiB): a thread reads the rest, under the deadline.
+SLOW_BIG_BODY = (HEAD + b"Content-Length: 3000000\r\n\r\n{" + b" " * 1_500_000, b" ")
+SLOW_BIG_CHUNKED = (HEAD + b"Transfer-Encoding: chunked\r\n\r\n2dc6c0\r\n{" + b" " * 1_500_000, b" ")
+
+
+@dataclass
+class SlowConnection:
+    sock: socket.socket
+    kind: str
+    opened: float
+    closed: float | None = None
+    received: bytes = b""
+    how: str = ""
+
+
+@dataclass
+class Trickler:
+    """Connections that each send an opening and then ``drip`` every ``DRIP_INTERVAL``.
+
+    With ``reconnect``, every connection the server closes is replaced by a new one, so the
+    attack lasts until ``stop()``; ``dropped`` holds the closed ones.
+    """
+
+    port: int
+    kinds: dict[str, tuple[tuple[bytes, bytes], int]]  # kind -> ((opening, drip), count)
+    reconnect: bool = False
+    live: list[SlowConnection] = field(default_factory=list)
+    dropped: list[SlowConnection] = field(default_factory=list)
+    drips: int = 0
+    error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="slow-clients", daemon=True)
+
+    def start(self) -> Trickler:
+        for kind, (_, count) in self.kinds.items():
+            for _ in range(count):
+                self._open(kind)
+        self._thread.start()
+        return self
+
+    def _open(self, kind: str) -> None:
+        opening, _ = self.kinds[kind][0]
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        conn = SlowConnection(sock, kind, time.monotonic())
+        sock.sendall(opening)
+        sock.setblocking(False)
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+        self.live.append(conn)
+
+    def _close(self, conn: SlowConnection, how: str) -> None:
+        conn.closed, conn.how = time.monotonic(), how
+        self._selector.unregister(conn.sock)
+        conn.sock.close()
+        with self._lock:
+            self.live.remove(conn)
+            self.dropped.append(conn)
+        if self.reconnect and not self._stop.is_set():
+            self._open(conn.kind)
+
+    def _run(self) -> None:
+        try:
+            next_drip = time.monotonic() + DRIP_INTERVAL
+            while not self._stop.is_set():
+                for key, _ in self._selector.select(timeout=max(0.0, min(0.05, next_drip - time.monotonic()))):
+                    conn: SlowConnection = key.data
+                    try:
+                        data = conn.sock.recv(4096)
+                    except BlockingIOError:
+                        continue
+                    except OSError as exc:
+                        self._close(conn, f"reset ({exc.__class__.__name__})")
+                        continue
+                    if data:
+                        conn.received += data
+                    else:
+                        self._close(conn, "eof")
+                if time.monotonic() >= next_drip:
+                    next_drip += DRIP_INTERVAL
+                    for conn in list(self.live):
+                        drip = self.kinds[conn.kind][0][1]
+                        if not drip or conn.closed is not None:
+                            continue
+                        try:
+                            conn.sock.send(drip)
+                        except BlockingIOError:
+                            pass
+                        except OSError:
+                            pass  # closed by the server: the selector reports it
+                    self.drips += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def dropped_count(self, kind: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for conn in self.dropped if kind is None or conn.kind == kind)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        for conn in list(self.live):
+            self._selector.unregister(conn.sock)
+            conn.sock.close()
+        self._selector.close()
+        if self.error is not None:
+            raise AssertionError(f"the slow-client thread failed: {self.error!r}")
+
+    def check_drops(self, now: float, answers: tuple[bytes, ...] = (b"HTTP/1.1 408 ",)) -> None:
+        """Every connection was closed by the server in time, and none is overdue."""
+        limit = READ_TIMEOUT + DROP_MARGIN
+        late = [(c.kind, round(c.closed - c.opened, 2)) for c in self.dropped if c.closed - c.opened > limit]
+        assert not late, f"slow connections closed later than {limit}s: {late[:10]}"
+        overdue = [(c.kind, round(now - c.opened, 2)) for c in self.live if now - c.opened > limit]
+        assert not overdue, f"slow connections still open after {limit}s: {overdue[:10]}"
+        for conn in self.dropped:
+            # Closed without a response, or with a 408 (for a partial request).
+            assert conn.received == b"" or conn.received.startswith(answers), conn.received[:200]
+
+
+@contextmanager
+def trickling(server: Server, kinds: dict[str, tuple[tuple[bytes, bytes], int]], reconnect: bool = False) -> Iterator[Trickler]:
+    port = int(server.url.rsplit(":", 1)[1])
+    trickler = Trickler(port, kinds, reconnect=reconnect)
+    try:
+        trickler.start()
+        # The attack is on once every connection has been sent a byte or two.
+        wait_until(lambda: trickler.drips >= 2 or trickler.error, timeout=10, what="the slow clients to start dripping")
+        yield trickler
+    finally:
+        trickler.stop()
+
+
+class Timed:
+    """Times each request of a well-behaved client (a new connection every time)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.timings: list[tuple[str, float]] = []
+
+    def __call__(self, what: str, call: Callable[[], requests.Response]) -> requests.Response:
+        started = time.monotonic()
+        response = call()
+        self.timings.append((what, time.monotonic() - started))
+        return response
+
+    def check(self) -> None:
+        slow = [(what, round(seconds, 3)) for what, seconds in self.timings if seconds > ANSWER_WITHIN]
+        assert not slow, f"requests answered later than {ANSWER_WITHIN}s under attack: {slow}"
+
+    def summary(self) -> str:
+        worst = max(seconds for _, seconds in self.timings)
+        return f"{len(self.timings)} requests, worst {worst * 1000:.0f} ms"
+
+
+def approval_round(server: Server, timed: Timed) -> None:
+    """Create a session, send a message, see its interrupt, resume it, see it end."""
+    assert timed("health", lambda: server.get("/health", timeout=10)).status_code == 200
+    created = timed("create", lambda: server.post("/sessions", json={}, timeout=10))
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session_id"]
+    sent = timed("message", lambda: server.post(f"/sessions/{session_id}/messages", json={"content": "old.txt"}, timeout=10))
+    assert sent.status_code == 202, sent.text
+    waited = timed("interrupt", lambda: server.get(f"/sessions/{session_id}", params={"wait": "true", "timeout": 10}, timeout=15))
+    body = waited.json()
+    assert body["status"] == "interrupted", body
+    interrupt_id = body["interrupts"][0]["interrupt_id"]
+    resumed = timed("resume", lambda: server.post(f"/sessions/{session_id}/resume", json={"interrupt_id": interrupt_id, "value": {"approved": True}}, timeout=10))
+    assert resumed.status_code == 200, resumed.text
+    done = timed("completed", lambda: server.get(f"/sessions/{session_id}", params={"wait": "true", "timeout": 10}, timeout=15))
+    assert done.json()["status"] == "idle", done.json()
+    assert timed("delete", lambda: server.delete(f"/sessions/{session_id}", timeout=10)).status_code == 204
+
+
+def start_small(start_server: Callable[..., Server]) -> Server:
+    return start_server("tests.agents:approval", "--threads", "16", "--workers", "2", "--read-timeout", str(READ_TIMEOUT))
+
+
+def test_slow_headers_do_not_stop_a_resume(start_server) -> None:
+    server = start_small(start_server)
+    timed = Timed(server)
+    with trickling(server, {"head": (SLOW_HEAD, 200)}, reconnect=True) as attack:
+        rounds = 0
+        # Keep serving until the first 200 have been dropped and replaced, so the client is
+        # measured both under a steady attack and through the server's sweeps.
+        while rounds < 3 or attack.dropped_count() < 200:
+            approval_round(server, timed)
+            rounds += 1
+            if rounds > 200:
+                raise AssertionError(f"the server dropped only {attack.dropped_count()} slow connections")
+        attack.check_drops(time.monotonic())
+    timed.check()
+    print(f"\nslow headers: {rounds} approval rounds, {timed.summary()}, {attack.dropped_count()} slow connections dropped")
+    assert "Traceback" not in server.log()
+
+
+def test_slow_bodies_and_silent_connections_are_dropped(start_server) -> None:
+    server = start_small(start_server)
+    timed = Timed(server)
+    kinds = {"body": (SLOW_BODY, 100), "chunked": (SLOW_CHUNKED, 50), "silent": (SILENT, 50)}
+    with trickling(server, kinds) as attack:
+        approval_round(server, timed)
+        wait_until(lambda: attack.dropped_count() >= 200, timeout=READ_TIMEOUT + DROP_MARGIN + 5, what="every slow connection to be dropped")
+        attack.check_drops(time.monotonic())
+        partial = [c for c in attack.dropped if c.kind != "silent"]
+        assert sum(1 for c in partial if c.received.startswith(b"HTTP/1.1 408 ")) >= len(partial) // 2, [c.how for c in partial[:10]]
+        assert all(c.received == b"" for c in attack.dropped if c.kind == "silent")
+    approval_round(server, timed)
+    timed.check()
+    print(f"\nslow bodies: {timed.summary()}")
+    assert "Traceback" not in server.log()
+
+
+def test_large_slow_bodies_are_dropped_by_the_thread_reading_them(start_server) -> None:
+    server = start_small(start_server)
+    timed = Timed(server)
+    with trickling(server, {"big": (SLOW_BIG_BODY, 4), "big chunked": (SLOW_BIG_CHUNKED, 4)}) as attack:
+        wait_until(lambda: attack.dropped_count() >= 8, timeout=READ_TIMEOUT + DROP_MARGIN + 5, what="the large slow bodies to be dropped")
+        # Werkzeug reports a body of known length that stops arriving as a disconnect (400);
+        # a chunked one gets the worker's 408. Never a short body taken for a whole one.
+        attack.check_drops(time.monotonic(), answers=(b"HTTP/1.1 408 ", b"HTTP/1.1 400 "))
+        assert all(c.received for c in attack.dropped), [c.how for c in attack.dropped]
+    approval_round(server, timed)
+    timed.check()
+    listed = server.get("/sessions").json()
+    assert len(listed) == 0, listed  # none of the cut-off requests created a session
+    assert "Traceback" not in server.log()
+
+
+def test_idle_kept_alive_connections_hold_no_thread(start_server) -> None:
+    server = start_small(start_server)
+    timed = Timed(server)
+    kept: list[requests.Session] = []
+    try:
+        for _ in range(100):
+            client = requests.Session()
+            kept.append(client)
+            assert client.get(server.url + "/health", timeout=10).status_code == 200  # then idle, kept alive
+        approval_round(server, timed)
+    finally:
+        for client in kept:
+            client.close()
+    timed.check()
+
+
+# -- the request reader keeps HTTP working --------------------------------------------------
+
+
+def _raw(server: Server) -> socket.socket:
+    port = int(server.url.rsplit(":", 1)[1])
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+class _Responses:
+    """Reads responses (each with a Content-Length) off a socket, one after another."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.data = b""
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(65536)
+        assert chunk, f"connection closed after {self.data[:200]!r}"
+        self.data += chunk
+
+    def next(self) -> tuple[bytes, bytes]:
+        while b"\r\n\r\n" not in self.data:
+            self._more()
+        head, _, rest = self.data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+        while len(rest) < length:
+            self._more()
+            rest = self.data.partition(b"\r\n\r\n")[2]
+        self.data = rest[length:]
+        return head, rest[:length]
+
+
+def test_requests_of_every_shape_still_work(start_server) -> None:
+    server = start_small(start_server)
+    # A large body (more than the reader buffers before handing over to a thread).
+    big = b"{" + b" " * (3 * 1024 * 1024) + b"}"
+    response = requests.post(server.url + "/sessions", data=big, headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 201, response.text
+
+    # Expect: 100-continue gets exactly one interim response, then the real one.
+    with _raw(server) as sock:
+        body = b'{"state": []}'
+        sock.sendall(HEAD + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1)
+            assert chunk
+            interim += chunk
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        head, answer = _Responses(sock).next()
+        assert head.startswith(b"HTTP/1.1 201 "), head
+        assert json.loads(answer)["status"] == "idle"
+
+    # Chunked, in pieces; then two pipelined requests on the same connection.
+    with _raw(server) as sock:
+        sock.sendall(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+        for piece in (b"2\r\n{}\r\n", b"0\r\n\r\n"):
+            sock.sendall(piece)
+        responses = _Responses(sock)
+        head, _ = responses.next()
+        assert head.startswith(b"HTTP/1.1 201 "), head
+        get = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        sock.sendall(get + get[:20])
+        sock.sendall(get[20:])
+        for _ in range(2):
+            head, answer = responses.next()
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            assert json.loads(answer)["status"] == "ok"
+
+    # A request that trickles in within the timeout is served, not dropped.
+    with _raw(server) as sock:
+        request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        for index in range(0, len(request), 8):
+            sock.sendall(request[index:index + 8])
+            time.sleep(READ_TIMEOUT / 20)  # deliberate pacing: slow, but inside the timeout
+        head, _ = _Responses(sock).next()
+        assert head.startswith(b"HTTP/1.1 200 "), head
+    assert "Traceback" not in server.log()
+
+
+def test_flask_serve_drops_slow_clients(tmp_path: Path) -> None:
+    """``flask motus serve`` (Werkzeug, a thread per connection) drops them too."""
+    port = free_port()
+    log_path = tmp_path / "flask.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flask", "motus", "serve", "tests.agents:approval", "--port", str(port),
+             "--workers", "1", "--read-timeout", str(READ_TIMEOUT)],
+            cwd=ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)  # type: ignore[arg-type]
+    try:
+        wait_healthy(server.url, process, log_path)  # type: ignore[arg-type]
+        timed = Timed(server)
+        with trickling(server, {"head": (SLOW_HEAD, 30), "body": (SLOW_BODY, 30)}) as attack:
+            approval_round(server, timed)
+            wait_until(lambda: attack.dropped_count() >= 60, timeout=READ_TIMEOUT + DROP_MARGIN + 5, what="every slow connection to be dropped")
+            # Werkzeug turns an error while reading a body of known length into 400 ("client
+            # disconnected"); a slow head just ends the connection.
+            attack.check_drops(time.monotonic(), answers=(b"HTTP/1.1 408 ", b"HTTP/1.1 400 "))
+            assert all(c.received == b"" for c in attack.dropped if c.kind == "head")
+        timed.check()
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()

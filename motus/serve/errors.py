@@ -29,6 +29,24 @@ class Unauthorized(ServeError):
         super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="motus"'})
 
 
+class HostNotAllowed(ServeError):
+    """A ``Host`` name a loopback-bound server does not answer to (DNS rebinding)."""
+
+    status_code = 400
+
+
+class OriginNotAllowed(ServeError):
+    """A cross-site request: its ``Origin`` is not this server's."""
+
+    status_code = 403
+
+
+class UnsupportedMediaType(ServeError):
+    """A body not declared ``application/json``."""
+
+    status_code = 415
+
+
 class SessionNotFound(ServeError):
     status_code = 404
 

@@ -26,21 +26,9 @@ from urllib.parse import urlsplit
 from werkzeug.datastructures import Headers
 
 from motus.serve.auth import is_loopback
-from motus.serve.errors import ServeError
+from motus.serve.errors import HostNotAllowed, OriginNotAllowed, UnsupportedMediaType
 
 BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-
-
-class UnsupportedMediaType(ServeError):
-    status_code = 415
-
-
-class HostNotAllowed(ServeError):
-    status_code = 400
-
-
-class OriginNotAllowed(ServeError):
-    status_code = 403
 
 
 def split_host(value: str) -> str:

@@ -157,7 +157,17 @@ def _body(model: type[M], allow_empty: bool = False) -> M:
 
 
 def _read_body() -> bytes:
-    """The whole body, or 413 past the limit, also for chunked bodies with no length."""
+    """The whole body, or 413 past the limit, also for chunked bodies with no length. A body
+    the server cannot read (a malformed chunk, a client that hung up mid-body) is a 400."""
+    try:
+        return _read_body_unchecked()
+    except HTTPException:
+        raise  # 413, and the 408 of a body that did not arrive within --read-timeout
+    except Exception as exc:  # gunicorn's chunk parser and socket errors: the client's fault
+        raise BadRequest(f"Could not read the request body: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _read_body_unchecked() -> bytes:
     limit = current_app.config["MAX_CONTENT_LENGTH"]
     if request.content_length is not None:
         return request.get_data(cache=True)  # werkzeug answers 413 above the limit

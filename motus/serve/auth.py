@@ -67,8 +67,10 @@ class ApiKeys:
 def is_loopback(host: str) -> bool:
     if host in ("localhost", "localhost.localdomain"):
         return True
+    if host.startswith("[") != host.endswith("]"):
+        return False  # "[::1" or "::1]": malformed, never loopback
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host[1:-1] if host.startswith("[") else host).is_loopback
     except ValueError:
         return False
 

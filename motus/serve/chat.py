@@ -61,7 +61,10 @@ _BUSY = ("running", "interrupted")
 #: back in by ``visible(..., multiline=True)``), DEL and C1 controls, the Unicode bidi
 #: controls (embeddings, overrides, isolates, marks), the line and paragraph separators,
 #: and lone surrogates (which would not even encode).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u206f"
+    "\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
+)
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

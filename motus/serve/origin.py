@@ -35,7 +35,11 @@ def split_host(value: str) -> str:
     """The host name of a ``Host`` header value, without the port, lower-cased."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[: value.find("]") + 1] if "]" in value else value
+        end = value.find("]")
+        rest = value[end + 1 :] if end >= 0 else ""
+        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return value  # malformed ("[::1", "[::1].evil"): kept whole, so it is no loopback name
+        return value[: end + 1]
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 

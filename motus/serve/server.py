@@ -111,7 +111,11 @@ class AgentServer:
         self.host = host
         self.allowed_hosts = list(allowed_hosts or ())
         self.webhook_allow = list(webhook_allow or ())
-        self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=not is_loopback(host))
+        # Reachable from elsewhere: bound beyond loopback, or named with --allowed-host (the
+        # README's reverse-proxy setup binds to loopback): then webhooks may not reach
+        # loopback or private services unless --webhook-allow says so.
+        exposed = not is_loopback(host) or bool(self.allowed_hosts)
+        self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed)
         self.turns = Turns(
             self.store,
             self.events,

@@ -273,6 +273,7 @@ class _After:
     kill: list[Handle] = field(default_factory=list)
     launch: list[Handle] = field(default_factory=list)
     ended: list[TurnEnd] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
     freed: int = 0
     queued: list[Turn] = field(default_factory=list)
     publish: list[str] = field(default_factory=list)
@@ -771,10 +772,14 @@ class Turns:
         self._stop_turn_locked(turn, after)
         session.turn = None  # its journal goes with it; late messages from it are ignored
         after.publish.append(session.session_id)
-        after.ended.append(
-            TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
-                    messages=list(new_state), webhook=turn.webhook)
-        )
+        if error is not None:
+            after.failed.append((session.session_id, error))
+        if turn.webhook:  # only a turn that asked for a webhook leaves anything for one
+            include = bool(turn.webhook.get("include_messages"))
+            after.ended.append(
+                TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
+                        messages=new_state if include else [], webhook=turn.webhook)
+            )
 
     def _stop_turn_locked(self, turn: Turn, after: _After) -> None:
         after.freed += turn.move(TurnState.ENDED)
@@ -851,9 +856,9 @@ class Turns:
                 self._sched.notify_all()
         for session_id in after.publish:
             self.events.publish(session_id)
+        for session_id, error in after.failed:
+            log.info("turn of session %s failed: %s", session_id, _last_line(error))
         for end in after.ended:
-            if end.status is SessionStatus.ERROR:
-                log.info("turn of session %s failed: %s", end.session_id, _last_line(end.error or ""))
             self._on_end(end)
         if after.freed or after.queued:
             self._dispatch()

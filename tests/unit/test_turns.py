@@ -224,7 +224,7 @@ def test_full_turn_with_two_interrupts(make_turns: MakeTurns) -> None:
     sid = turns.create().session_id
     assert turns.get(sid).status is IDLE
 
-    turns.start_turn(sid, MESSAGE)
+    turns.start_turn(sid, MESSAGE, {"url": "http://hook.test/", "include_messages": True})
     view = turns.get(sid)
     assert (view.status, view.turn_id, view.response, view.error) == (RUNNING, 1, None, None)
     handle = pool.handle(sid)
@@ -867,3 +867,14 @@ def test_a_durable_store_brings_back_waiting_turns_parked_and_running_turns_repl
     finally:
         turns.shutdown(0)
         store.close()
+
+
+def test_only_a_turn_that_asked_for_a_webhook_leaves_an_end_and_only_with_messages_if_asked(make_turns: MakeTurns) -> None:
+    """A queued webhook must not keep a copy of the whole history it will not send."""
+    ends: list[TurnEnd] = []
+    turns, pool = make_turns(on_end=ends.append)
+    for webhook in (None, {"url": "http://hook.test/"}):
+        sid = turns.create().session_id
+        turns.start_turn(sid, MESSAGE, webhook)
+        turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
+    assert [(e.webhook, e.messages) for e in ends] == [({"url": "http://hook.test/"}, [])]

@@ -85,7 +85,7 @@ def test_a_token_that_would_break_the_header_is_refused(server: Server) -> None:
 
 def test_redirects_are_not_followed(server: Server, receiver: Receiver) -> None:
     session_id = turn_with_webhook(server, receiver.url("/redirect"))
-    in_log(server, f"webhook for session {session_id} to http://127.0.0.1:{receiver.port}/redirect answered HTTP 302 (redirects are not followed)")
+    in_log(server, f"webhook for session {session_id} to http://127.0.0.1:{receiver.port}/... answered HTTP 302 (redirects are not followed)")
     assert receiver.paths() == ["/redirect"]
     assert server.get(f"/sessions/{session_id}").json()["status"] == "idle"
 
@@ -95,7 +95,7 @@ def test_slow_and_huge_endpoints_delay_only_their_own_sessions(server: Server, r
     huge = turn_with_webhook(server, receiver.url("/huge"))
     receiver.wait_for(lambda r: {"/drip-head", "/huge"} <= set(r.paths()), what="both slow deliveries to start")
     # The huge body is cut off at 64 KiB, at once.
-    in_log(server, f"webhook for session {huge} to http://127.0.0.1:{receiver.port}/huge: response cut off after 65536 bytes", timeout=5)
+    in_log(server, f"webhook for session {huge} to http://127.0.0.1:{receiver.port}/...: response cut off after 65536 bytes", timeout=5)
     receiver.wait_for(lambda r: "/huge" in r.ended, timeout=5, what="the huge endpoint to see the server go")
     # Another session's webhook arrives at once, while the first endpoint is still dripping.
     fast = turn_with_webhook(server, receiver.url("/fast"))
@@ -112,7 +112,7 @@ def test_the_metadata_address_is_refused_without_connecting(server: Server, rece
     session_id = turn_with_webhook(server, "http://169.254.169.254/latest/meta-data/iam/security-credentials/")
     in_log(
         server,
-        f"webhook for session {session_id} to http://169.254.169.254:80/latest/meta-data/iam/security-credentials/ refused: "
+        f"webhook for session {session_id} to http://169.254.169.254:80/... refused: "
         "169.254.169.254 is a link-local address, refused always",
     )
     # Refused before any connection: the session's next webhook goes out at once, no timeout.
@@ -129,7 +129,7 @@ def test_the_metadata_address_is_refused_without_connecting(server: Server, rece
 def test_credentials_query_and_token_never_reach_the_log(server: Server, receiver: Receiver) -> None:
     url = receiver.url("/status/500?sig=qu3ryS3cret").replace("http://", "http://alice:pa55w0rd@")
     session_id = turn_with_webhook(server, url, token="t0kenS3cret")
-    in_log(server, f"webhook for session {session_id} to http://127.0.0.1:{receiver.port}/status/500 answered HTTP 500")
+    in_log(server, f"webhook for session {session_id} to http://127.0.0.1:{receiver.port}/... answered HTTP 500")
     assert receiver.requests[0].headers["authorization"] == "Bearer t0kenS3cret"
     log = server.log()
     assert "pa55w0rd" not in log and "alice" not in log and "qu3ryS3cret" not in log and "t0kenS3cret" not in log
@@ -142,8 +142,8 @@ def test_an_exposed_server_refuses_loopback_webhooks(start_server, receiver: Rec
     server = start_server("tests.agents:dispatch", "--host", "0.0.0.0")
     literal = turn_with_webhook(server, receiver.url("/literal"))
     named = turn_with_webhook(server, receiver.url("/named", host="localhost"))
-    in_log(server, f"webhook for session {literal} to http://127.0.0.1:{receiver.port}/literal refused: 127.0.0.1 is a loopback address")
-    in_log(server, f"webhook for session {named} to http://localhost:{receiver.port}/named refused: localhost resolves to ")
+    in_log(server, f"webhook for session {literal} to http://127.0.0.1:{receiver.port}/... refused: 127.0.0.1 is a loopback address")
+    in_log(server, f"webhook for session {named} to http://localhost:{receiver.port}/... refused: localhost resolves to ")
     assert "--webhook-allow" in server.log()
     assert receiver.connections == 0
 
@@ -159,5 +159,5 @@ def test_webhook_allow_lets_a_host_name_through(start_server, receiver: Receiver
     turn_with_webhook(server, receiver.url("/by-name", host="localhost"))
     receiver.wait_for(lambda r: r.paths() == ["/by-name"], what="the webhook to the allowed name")
     literal = turn_with_webhook(server, receiver.url("/literal"))  # the name is allowed, not the address
-    in_log(server, f"webhook for session {literal} to http://127.0.0.1:{receiver.port}/literal refused")
+    in_log(server, f"webhook for session {literal} to http://127.0.0.1:{receiver.port}/... refused")
     assert receiver.paths() == ["/by-name"]

@@ -74,7 +74,7 @@
   /** Characters that can overprint, hide or reorder what a card shows: C0 and C1 controls
    *  and DEL, the bidi marks, embeddings, overrides and isolates, and the line and
    *  paragraph separators. */
-  const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]/g;
+  const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]|\udb40[\udc00-\udc7f]/g;
   const HIDDEN_NAMES = {
     0x061c: "ARABIC LETTER MARK",
     0x200e: "LEFT-TO-RIGHT MARK",
@@ -96,7 +96,7 @@
 
   /** A highlighted stand-in for one hidden character; its title names the character. */
   function hiddenMark(code, shown) {
-    const name = HIDDEN_NAMES[code] || (code >= 0xd800 && code <= 0xdfff ? "lone surrogate" : "control character");
+    const name = HIDDEN_NAMES[code] || (code >= 0xe0000 ? "tag character" : code >= 0xd800 && code <= 0xdfff ? "lone surrogate" : "invisible or control character");
     return el("span", { class: "ctl", title: `U+${hex4(code).toUpperCase()} ${name}` }, shown);
   }
 
@@ -109,9 +109,9 @@
     for (const match of text.matchAll(HIDDEN)) {
       if (multiline && (match[0] === "\n" || match[0] === "\t")) continue;
       if (match.index > last) nodes.push(text.slice(last, match.index));
-      const code = match[0].charCodeAt(0);
+      const code = match[0].codePointAt(0);
       nodes.push(hiddenMark(code, `⟨U+${hex4(code).toUpperCase()}⟩`));
-      last = match.index + 1;
+      last = match.index + match[0].length;
     }
     if (last < text.length) nodes.push(text.slice(last));
     return nodes;
@@ -120,7 +120,8 @@
   /** ``value`` as pretty JSON in which every hidden character is a "\uXXXX" escape:
    *  still valid JSON, and it parses back to exactly ``value``. */
   function visibleJson(value) {
-    return pretty(value).replace(HIDDEN, (ch) => (ch === "\n" ? ch : `\\u${hex4(ch.charCodeAt(0))}`));
+    return pretty(value).replace(HIDDEN, (ch) =>
+      ch === "\n" ? ch : Array.from({ length: ch.length }, (_, i) => `\\u${hex4(ch.charCodeAt(i))}`).join(""));
   }
 
   /** JSON text (from visibleJson) as nodes, with each escape of a control or hidden

@@ -20,6 +20,7 @@ import click
 
 from motus.serve import client_commands
 from motus.serve.agents import AgentLoadError, load_agent
+from motus.serve.auth import ENV_VAR as ENV_VAR_API_KEY
 
 #: Request threads long polls may never take, so resumes and health checks always get one.
 RESERVED_THREADS = 8
@@ -69,6 +70,48 @@ def read_key_file(path: str | None) -> list[str]:
     if not keys:
         raise click.UsageError(f"--api-key-file {path} holds no key")
     return keys
+
+
+#: Set in a re-executed ``motus serve start``: the descriptor its API keys arrive on.
+KEYS_FD_VAR = "MOTUS_API_KEY_FD"
+
+
+def hide_keys_by_reexec(keys: list[str]) -> None:
+    """Start ``motus serve start`` again with the API keys in neither its environment nor its
+    command line: they travel through an inherited pipe instead.
+
+    A process' ``/proc/PID/environ`` keeps the block it was started with whatever
+    ``os.environ`` does later, and ``/proc/PID/cmdline`` is readable by every local user; an
+    agent could read the key that approves its own tool calls in its parents' entries.
+    ``execve`` replaces both (same pid, so a supervisor sees nothing change)."""
+    if not keys or os.environ.get(KEYS_FD_VAR):
+        return
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--api-key":
+            skip = True
+        elif not arg.startswith("--api-key="):
+            argv.append(arg)
+    read_end, write_end = os.pipe()
+    os.write(write_end, "\n".join(keys).encode())  # far below a pipe's buffer
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    env = {name: value for name, value in os.environ.items() if name != ENV_VAR_API_KEY}
+    env[KEYS_FD_VAR] = str(read_end)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "motus", *argv], env)
+
+
+def keys_from_reexec() -> list[str]:
+    """The keys a re-executed ``motus serve start`` was handed (see ``hide_keys_by_reexec``)."""
+    fd = os.environ.pop(KEYS_FD_VAR, None)
+    if not fd:
+        return []
+    with os.fdopen(int(fd), "rb") as pipe:
+        return [key for key in pipe.read().decode().split("\n") if key]
 
 
 def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -181,6 +224,11 @@ def start(**opts: Any) -> None:
     from motus.serve.gunicorn_app import run_gunicorn
 
     configure_logging(opts["log_level"])
+    given = list(opts["api_keys"]) or [key for key in os.environ.get(ENV_VAR_API_KEY, "").split(",") if key.strip()]
+    hide_keys_by_reexec(given)  # returns only once the keys are out of environ and argv
+    handed = keys_from_reexec()
+    if handed:
+        opts["api_keys"] = tuple(handed)
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
     opts["store"] = resolve_store(opts)

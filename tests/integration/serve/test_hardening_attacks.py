@@ -361,7 +361,6 @@ def test_a_secret_in_a_webhook_path_stays_out_of_the_log(plain: Server) -> None:
 # -- keys --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="MOTUS_API_KEY stays in /proc/<pid>/environ of the gunicorn worker and arbiter, readable by any agent")
 def test_an_agent_cannot_read_the_api_key_from_its_parents(behind_proxy: Server) -> None:
     """MOTUS_API_KEY is popped from os.environ before the forkserver starts, but the
     gunicorn worker and arbiter keep it in their /proc/<pid>/environ (the block the process

@@ -121,7 +121,7 @@ def _json(model: BaseModel, status: int = 200, headers: dict[str, str] | None = 
 
 def _body(model: type[M], allow_empty: bool = False) -> M:
     raw = _read_body()
-    if not raw.strip():
+    if not raw:  # whitespace alone is not JSON: only a truly empty body means "no body"
         if not allow_empty:
             raise BadRequest("Request body is required: send a JSON object")
         data: Any = {}

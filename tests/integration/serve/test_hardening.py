@@ -237,3 +237,12 @@ def test_the_example_tools_do_not_follow_a_symlink_out_of_the_sandbox(tmp_path: 
     assert lines[2].startswith("refused")
     assert (outside / "secret.txt").read_text() == "secret"
     assert stat.S_ISREG(os.lstat(outside / "secret.txt").st_mode)
+
+
+def test_a_body_of_whitespace_is_not_json(server: Server) -> None:
+    """Only a truly empty body means "no body" (found by the fuzz: "\\r\\n\\r\\n" created a session)."""
+    before = count_sessions(server)
+    response = raw_post(server, "/sessions", b"\r\n\r\n", {"Content-Type": "application/json"})
+    assert response.status_code == 400 and "Malformed JSON" in response.json()["detail"]
+    assert count_sessions(server) == before
+    assert raw_post(server, "/sessions", b"", {"Content-Type": "application/json"}).status_code == 201

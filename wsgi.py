@@ -58,5 +58,7 @@ server = AgentServer(
     ui=_env_flag("MOTUS_UI", True),
     store=os.environ.get("MOTUS_STORE") or None,
     park_after=_park_after(),
+    max_streams=int(os.environ.get("MOTUS_MAX_STREAMS", "64") or 64),
+    webhook_secret=os.environ.get("MOTUS_WEBHOOK_SECRET") or None,
 )
 app = server.app

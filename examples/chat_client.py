@@ -31,8 +31,14 @@ def answer(interrupt):
             chosen = [labels[n - 1] if n <= len(labels) else input("Your answer: ") for n in picks]
             answers[q["question"]] = ", ".join(chosen)
         return {"answers": answers}
-    print(f"[warn] unknown interrupt type: {interrupt['type']}\n{json.dumps(payload, indent=2)}")
-    return json.loads(input("Answer as JSON: "))
+    # Any other type is the agent's own: show its words and payload, take JSON or plain text.
+    print(f"[{interrupt['type']}] {payload.get('title') or payload.get('prompt') or 'The agent is waiting.'}")
+    print(json.dumps(payload, indent=2))
+    text = input("Your answer (JSON, or plain text): ")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON: sent as a string
 
 
 try:

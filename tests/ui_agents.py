@@ -2,7 +2,7 @@
 
 ``tests.ui_agents:agent`` picks a behaviour by the first word of the message:
 
-- ``color``: the spec's custom ``color_picker`` interrupt; replies "Using <hex> for the export."
+- ``color``: the spec's custom ``color_picker`` interrupt (with a ``title``); replies "Using <hex> for the export."
 - ``survey``: one ``user_input`` interrupt with two questions, a multiSelect one (one option
   carries ``markdown``) and a single-select one; replies ``answers=<the answers as JSON>``.
 - ``script``: replies with text that would run script if it were inserted as HTML.
@@ -76,7 +76,12 @@ async def agent(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMes
     word = word.lower()
     if word == "color":
         choice = await interrupt(
-            {"type": "color_picker", "prompt": "Pick a brand color for the export", "presets": ["#FF6B6B", "#4ECDC4", "#FFE66D"]}
+            {
+                "type": "color_picker",
+                "title": "Brand color",
+                "prompt": "Pick a brand color for the export",
+                "presets": ["#FF6B6B", "#4ECDC4", "#FFE66D"],
+            }
         )
         color = choice.get("hex", "#000000") if isinstance(choice, dict) else "#000000"
         return _reply(message, state, f"Using {color} for the export.")

@@ -12,9 +12,9 @@ are gated (``@tool(requires_approval=True)``: each call pauses with a
 
 With ``OPENROUTER_API_KEY`` set, a real model drives it (``MOTUS_EXAMPLE_MODEL``,
 default ``anthropic/claude-sonnet-4``). Without a key (or with ``MOTUS_EXAMPLE_OFFLINE=1``)
-a small deterministic, offline *scripted model* takes its place. It goes through the
-very same ``ReActAgent``, tools, approval gates and interrupts; it only picks the tool
-calls by keywords in your message:
+a small deterministic, offline *scripted model* takes its place, and the server's log says
+so at start-up. It goes through the very same ``ReActAgent``, tools, approval gates and
+interrupts; it only picks the tool calls by keywords in your message:
 
 * "delete ..." / "remove ..."          -> ``delete_file`` (approval), e.g. *delete the old logs file*
 * "move X to Y" / "archive ..."        -> ``move_file`` (approval)
@@ -29,6 +29,11 @@ calls by keywords in your message:
 After tool results it answers with a summary quoting each tool's result text, e.g.
 ``delete_file: Deleted old_logs.txt`` or ``delete_file: {"error": "User rejected delete_file"}``.
 
+Parameters: a message's ``user_params`` (``motus serve chat URL MESSAGE --param
+dry_run=true``) reach the agent as ``message.user_params``. With ``dry_run`` true, the
+gated tools still ask for approval and check their arguments, then change nothing and say
+so: ``Dry run: would delete old_logs.txt (nothing was changed)``.
+
 Every file operation stays inside a sandbox directory: ``$MOTUS_EXAMPLE_DIR``, default
 ``<tmp>/motus-hitl-example-<uid>`` (private: mode 0700, refused if someone else made it).
 When that directory does not exist it is created with a few sample files (``old_logs.txt``,
@@ -40,7 +45,9 @@ and the use cannot lead out either.
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 import os
 import re
 import stat
@@ -53,6 +60,13 @@ from motus.models.base import ChatCompletion
 from motus.models.messages import ChatMessage, FunctionCall, ToolCall
 from motus.tools import tool
 from motus.tools.builtins.ask_user import ask_user_question
+
+log = logging.getLogger(__name__)
+
+#: True for a turn whose message asked for ``user_params["dry_run"]``: the file tools that
+#: change something check their arguments and then change nothing. A context variable, so
+#: it follows the turn into the threads its tools run in.
+DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("motus_example_dry_run", default=False)
 
 SAMPLE_FILES = {
     "old_logs.txt": "2023-01-01 12:00:00 INFO server started\n2023-01-01 12:00:05 WARN disk almost full\n",
@@ -170,6 +184,8 @@ def delete_file(path: str) -> str:
     target = _inside(path)
     if not target.is_file():
         raise FileNotFoundError(f"no file {path!r}")
+    if DRY_RUN.get():
+        return f"Dry run: would delete {_relative(target)} (nothing was changed)"
     parent, name = _open_parent(path)
     try:
         os.unlink(name, dir_fd=parent)  # removes a name; never follows a link
@@ -193,6 +209,8 @@ def move_file(source: str, destination: str) -> str:
         target = target / origin.name
     if target.exists():
         raise FileExistsError(f"{_relative(target)} already exists")
+    if DRY_RUN.get():
+        return f"Dry run: would move {_relative(origin)} to {_relative(target)} (nothing was changed)"
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     source_dir, source_name = _open_parent(source)
     try:
@@ -324,20 +342,44 @@ def _pick_file(text: str, default: str) -> str:
     return default
 
 
-def build_agent() -> ReActAgent:
+class FileAgent:
+    """The served agent: reads the turn's parameters (``message.user_params``), then lets the
+    ReAct agent answer. Any object with this ``run_turn`` can be served."""
+
+    def __init__(self, react: ReActAgent) -> None:
+        self.react = react
+
+    async def run_turn(self, message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:
+        params = message.user_params or {}
+        token = DRY_RUN.set(params.get("dry_run") in (True, "true", "1", "yes"))
+        try:
+            return await self.react.run_turn(message, state)
+        finally:
+            DRY_RUN.reset(token)
+
+
+def build_agent() -> FileAgent:
     """A real model when ``OPENROUTER_API_KEY`` is set (and not forced offline), else the scripted one."""
     offline = os.environ.get("MOTUS_EXAMPLE_OFFLINE", "").strip() not in ("", "0")
     if os.environ.get("OPENROUTER_API_KEY", "").strip() and not offline:
         from motus.models.openai_client import OpenRouterChatClient
 
-        return ReActAgent(
-            client=OpenRouterChatClient(),
-            model_name=os.environ.get("MOTUS_EXAMPLE_MODEL", "anthropic/claude-sonnet-4"),
-            system_prompt=SYSTEM_PROMPT,
-            tools=TOOLS,
-            max_steps=12,
+        model = os.environ.get("MOTUS_EXAMPLE_MODEL", "anthropic/claude-sonnet-4")
+        log.info("example agent: model %s through OpenRouter (OPENROUTER_API_KEY is set)", model)
+        return FileAgent(
+            ReActAgent(client=OpenRouterChatClient(), model_name=model, system_prompt=SYSTEM_PROMPT, tools=TOOLS, max_steps=12)
         )
-    return ReActAgent(client=ScriptedFileModel(), model_name="scripted-file-model", system_prompt=SYSTEM_PROMPT, tools=TOOLS, max_steps=6)
+    why = "MOTUS_EXAMPLE_OFFLINE is set" if offline else "OPENROUTER_API_KEY is not set"
+    # Logged at import, which the server does once before it listens (in the process whose
+    # log you read); the processes that run turns import it again without a log handler.
+    log.info(
+        "example agent: using the offline scripted model because %s; it picks tools by keywords "
+        "(try 'delete the old logs file'). Set OPENROUTER_API_KEY for a real model.",
+        why,
+    )
+    return FileAgent(
+        ReActAgent(client=ScriptedFileModel(), model_name="scripted-file-model", system_prompt=SYSTEM_PROMPT, tools=TOOLS, max_steps=6)
+    )
 
 
 agent = build_agent()

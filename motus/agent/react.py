@@ -57,7 +57,8 @@ class ReActAgent:
         tools: :class:`~motus.tools.Tool` objects, or plain functions (wrapped with ``tool``).
         max_steps: most model calls in one turn.
         input_guardrails / output_guardrails: agent-level chains over the user's text
-            and the final answer (see :mod:`motus.guardrails`).
+            and the final answer; a guardrail that takes ``(value, agent)`` gets this
+            agent (see :mod:`motus.guardrails`).
         **model_options: sent with every model call (``temperature``, ``max_tokens``...).
     """
 
@@ -98,7 +99,7 @@ class ReActAgent:
         user = _as_message(message)
         conversation = [_as_message(item) for item in state]
         if self.input_guardrails:
-            text = await run_input_guardrails(self.input_guardrails, user.content or "")
+            text = await run_input_guardrails(self.input_guardrails, user.content or "", agent=self)
             if text != (user.content or ""):
                 user = user.model_copy(update={"content": text})
         conversation.append(user)
@@ -140,7 +141,7 @@ class ReActAgent:
     async def _finish(self, reply: ChatMessage) -> ChatMessage:
         if not self.output_guardrails:
             return reply
-        text = await run_output_guardrails(self.output_guardrails, reply.content or "")
+        text = await run_output_guardrails(self.output_guardrails, reply.content or "", agent=self)
         return reply if text == (reply.content or "") else reply.model_copy(update={"content": text})
 
     async def _run_tools(self, calls: list[ToolCall]) -> list[ChatMessage]:

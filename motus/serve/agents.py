@@ -8,12 +8,21 @@ Shapes (serving-api.md):
 ``load_agent`` is called twice on purpose: once by the server at start-up, so a bad path is
 a clear error before anything listens, and once inside each worker process, which runs the
 turn (the agent module is preloaded in the forkserver, so that second import is free).
+
+An agent given as an object (``AgentServer(agent_fn=my_agent)``) reaches the workers
+pickled: :func:`agent_blob` pickles it once, when the server is built, so an agent that
+cannot travel (a lambda, a function defined inside another function, an object holding a
+lock) is a ``ValueError`` then, never a turn that waits for a worker that cannot start.
+A function agent must be a module-level ``def`` however it is given, as the reference
+product requires.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pickle
+import sys
 from typing import Any, Protocol, runtime_checkable
 
 from motus.models import ChatMessage
@@ -21,6 +30,11 @@ from motus.models import ChatMessage
 
 class AgentLoadError(Exception):
     """The agent import path does not name a usable agent. The message says what to fix."""
+
+
+class AgentNotSendable(AgentLoadError, ValueError):
+    """The agent cannot be loaded by a worker process: a lambda, a nested function, or an
+    object that does not pickle. A ``ValueError``, as in the reference product."""
 
 
 @runtime_checkable
@@ -63,6 +77,8 @@ def load_agent(path: str) -> Any:
 
 
 def check_agent(agent: Any, name: str = "agent") -> None:
+    """Refuse what is not an agent, or is a function no worker can load (see the module doc)."""
+    check_module_level(agent, name)
     if isinstance(agent, ServableAgent):
         if not inspect.iscoroutinefunction(agent.run_turn):
             raise AgentLoadError(f"{name}: run_turn must be 'async def run_turn(self, message, state)'")
@@ -72,6 +88,69 @@ def check_agent(agent: Any, name: str = "agent") -> None:
             f"{name} is a {type(agent).__name__}, not an agent: expected a function "
             "(message, state) -> (response, new_state) or an object with 'async def run_turn'"
         )
+
+
+def check_module_level(agent: Any, name: str = "agent") -> None:
+    """A function agent must be a ``def`` at the top level of its module."""
+    if not inspect.isfunction(agent):
+        return
+    where = f"{getattr(agent, '__module__', '?')}:{agent.__qualname__}"
+    if agent.__name__ == "<lambda>":
+        kind = "a lambda"
+    elif "<locals>" in agent.__qualname__:
+        outer = agent.__qualname__.split(".<locals>", 1)[0]
+        kind = f"a function defined inside {outer}()"
+    else:
+        return
+    label = f"{name} ({where})" if name != "agent" and name != where else where
+    raise AgentNotSendable(
+        f"Agent must be a module-level function: {label} is {kind}; define it with 'def' at "
+        "the top level of a module"
+    )
+
+
+def agent_blob(agent: Any) -> bytes:
+    """The agent pickled for the worker processes; ``AgentNotSendable`` if it cannot go there.
+
+    An agent defined in the script being run (``__main__``) travels too: the workers of
+    such an agent run that script again as ``__mp_main__`` first, as ``multiprocessing``
+    does (so keep the server start under ``if __name__ == "__main__":``). An agent typed
+    into an interactive session has no file to run, so it is refused.
+    """
+    check_module_level(agent)
+    try:
+        blob = pickle.dumps(agent, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # PicklingError, TypeError ("cannot pickle '_thread.lock'"), RecursionError...
+        fix = (
+            "define it with 'def' at the top level of a module"
+            if inspect.isfunction(agent)
+            else "serve it by import path 'module:attribute' instead (each worker then imports it)"
+        )
+        raise AgentNotSendable(
+            f"Agent must be a module-level function (or an object that pickles): {_short(agent)} cannot "
+            f"be sent to a worker process ({type(exc).__name__}: {exc}); {fix}"
+        ) from None
+    if needs_main(blob):
+        main = sys.modules.get("__main__")
+        if getattr(main, "__file__", None) is None and getattr(main, "__spec__", None) is None:
+            raise AgentNotSendable(
+                f"Agent must be a module-level function: {_short(agent)} was defined in an interactive "
+                "session, which worker processes cannot load; put it in a module and import it from there"
+            )
+    return blob
+
+
+def needs_main(blob: bytes) -> bool:
+    """Whether a pickled agent refers to the main script (its workers must run it first)."""
+    return b"__main__" in blob
+
+
+def _short(agent: Any) -> str:
+    module = getattr(agent, "__module__", None)
+    qualname = getattr(agent, "__qualname__", None)
+    if module and qualname:
+        return f"{module}:{qualname}"
+    return f"a {type(agent).__name__} object"
 
 
 def agent_module(path: str) -> str:
@@ -93,10 +172,17 @@ async def run_agent_turn(agent: Any, message: ChatMessage, state: list[ChatMessa
 
 
 def check_turn_result(result: Any) -> tuple[ChatMessage, list[ChatMessage]]:
-    """Accept ``(ChatMessage, list[ChatMessage])`` (dicts that validate are fine too)."""
+    """Accept ``(ChatMessage, list[ChatMessage])`` (dicts that validate are fine too).
+
+    A value of the wrong outer shape is reported first in the reference product's words
+    ("Agent must return a (response, state) tuple, got str"), which clients may match on,
+    then in ours, which show the value."""
     expected = "expected a (ChatMessage, list[ChatMessage]) tuple"
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise TypeError(f"Agent returned {_describe(result)}; {expected}")
+        raise TypeError(
+            f"Agent must return a (response, state) tuple, got {type(result).__name__}: "
+            f"Agent returned {_describe(result)}; {expected}"
+        )
     response, state = result
     try:
         response = response if isinstance(response, ChatMessage) else ChatMessage.model_validate(response)

@@ -3,8 +3,9 @@
 Views validate bodies with the models of ``schemas.py``, call the server, and let errors
 travel as exceptions to the handlers registered once here:
 
-- ``ServeError`` (domain: 404 unknown session or interrupt, 409 busy, 503 limit) and
-  ``BadRequest`` raised by the body parser -> ``{"detail": "..."}`` with its status;
+- ``ServeError`` (domain: 404 unknown session or interrupt, 409 busy, 503 limit) and the
+  422 (``Unprocessable``) or 400 raised by the body parser -> ``{"detail": "..."}`` with its
+  status;
 - any ``HTTPException`` (unknown route, wrong method, body too large) -> JSON too;
 - anything else -> logged with its traceback, and a JSON 500 that names no internals. No
   request is expected to reach it; bad input is answered with a 4xx and changes nothing.
@@ -21,15 +22,19 @@ import math
 import uuid
 from typing import Any, TypeVar
 
-from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from motus.serve.jsonshape import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, containers_upper_bound, json_depth_exceeds
+from motus.models import ChatMessage
+from motus.serve.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_depth_exceeds
 from motus.serve.origin import check_request
 
 from motus.serve.schemas import (
+    AuditEntry,
     CreateSessionRequest,
+    Grant,
+    InboxItem,
     HealthResponse,
     InterruptInfo,
     MessageAccepted,
@@ -39,7 +44,9 @@ from motus.serve.schemas import (
     SessionResponse,
     SessionSummary,
 )
-from motus.serve.errors import BadRequest, CustomIdsDisabled, ServeError, Unauthorized, Unprocessable
+from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, Unauthorized, Unprocessable
+from motus.serve.live import describe_turn
+from motus.serve.streams import event_stream, isoformat
 from motus.serve.turns import SessionStatus, SessionView
 
 log = logging.getLogger(__name__)
@@ -102,9 +109,18 @@ def _no_store(response: Response) -> Response:
 @api.before_request
 def _authenticate_and_start() -> None:
     server = _server()
-    if request.endpoint not in PUBLIC_ENDPOINTS and not server.api_keys.allows(request.headers.get("Authorization")):
+    caller = server.api_keys.identify(request.headers.get("Authorization"))
+    if request.endpoint in PUBLIC_ENDPOINTS:
+        return
+    if caller is None:
         given = "a wrong API key" if request.headers.get("Authorization") else "no API key"
         raise Unauthorized(f"Unauthorized: this server requires an API key and the request carried {given}; send 'Authorization: Bearer <key>'")
+    if not caller.can_write and request.method not in ("GET", "HEAD", "OPTIONS"):
+        raise ReadOnlyKey(
+            f"Forbidden: API key {caller.name!r} is read-only; it may list and watch, and {request.method} "
+            f"{request.path} changes something: use a key without ':read'"
+        )
+    g.caller = caller
     server.start()
 
 
@@ -112,7 +128,10 @@ def _authenticate_and_start() -> None:
 
 
 def _json(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    response = jsonify(model.model_dump(mode="json"))
+    body = model.model_dump(mode="json")
+    if isinstance(model, SessionResponse):
+        _drop_unset_extras(body)
+    response = jsonify(body)
     response.status_code = status
     for key, value in (headers or {}).items():
         response.headers[key] = value
@@ -120,33 +139,44 @@ def _json(model: BaseModel, status: int = 200, headers: dict[str, str] | None = 
 
 
 def _body(model: type[M], allow_empty: bool = False) -> M:
+    """The request body as ``model``. A body that is missing, not JSON, not an object or
+    not of the schema is a 422, as the reference product (FastAPI) answers every body
+    problem; a body past a size or shape limit is a 400, one that is too large a 413."""
+    return _validated(model, _json_object(allow_empty))
+
+
+def _json_object(allow_empty: bool = False) -> dict[str, Any]:
+    """The request body parsed as a JSON object, within the limits on its shape."""
     raw = _read_body()
     if not raw:  # whitespace alone is not JSON: only a truly empty body means "no body"
         if not allow_empty:
-            raise BadRequest("Request body is required: send a JSON object")
+            raise Unprocessable("Request body is required: send a JSON object")
         data: Any = {}
     else:
-        containers = containers_upper_bound(raw)
-        if containers > MAX_JSON_CONTAINERS:
-            raise BadRequest(
-                f"Request body holds too many JSON objects and arrays (up to {containers}; the limit is "
-                f"{MAX_JSON_CONTAINERS}): send fewer, larger items"
-            )
+        problem = json_cost_problem(raw)  # counted before parsing: what parsing would cost
+        if problem:
+            raise BadRequest(problem)
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"Malformed JSON body: {exc}") from None
+            raise Unprocessable(f"Malformed JSON body: {exc}") from None
         except RecursionError:
             raise BadRequest("Malformed JSON body: nested too deeply") from None
     if not isinstance(data, dict):
-        raise BadRequest(f"Request body must be a JSON object, got {type(data).__name__}")
+        raise Unprocessable(f"Request body must be a JSON object, got {type(data).__name__}")
     if json_depth_exceeds(data):
         raise BadRequest(f"Request body nested too deeply: the limit is {MAX_JSON_DEPTH} levels")
-    state = data.get("state") if model is CreateSessionRequest else None
-    if isinstance(state, list) and len(state) > MAX_STATE_MESSAGES:
-        raise BadRequest(
-            f"state holds {len(state)} messages; a session may be created with at most {MAX_STATE_MESSAGES}"
-        )
+    return data
+
+
+def _not_json(name: str) -> Any:
+    # Python's parser takes NaN and Infinity, which are not JSON: refused, so that what is
+    # stored can be sent back as JSON (and dumped without pydantic's JSON mode, which copies
+    # every string).
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _validated(model: type[M], data: dict[str, Any]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -186,22 +216,74 @@ def _read_body_unchecked() -> bytes:
     return b"".join(chunks)
 
 
+def _state_body() -> list[dict[str, Any]]:
+    """The ``state`` of a create request (``CreateSessionRequest``), each message checked
+    and normalized in place, one model at a time: a model per message, all at once, would
+    cost about 35 times the body (a state of 10,000 ``{"content": ""}``)."""
+    data = _json_object(allow_empty=True)
+    state = data.pop("state", None)
+    _validated(CreateSessionRequest, data)  # the rest of the body
+    if state is None:
+        return []
+    if not isinstance(state, list):
+        raise Unprocessable(f"Invalid request body: state: Input should be a valid list of messages, got {type(state).__name__}")
+    if len(state) > MAX_STATE_MESSAGES:
+        raise BadRequest(
+            f"state holds {len(state)} messages; a session may be created with at most {MAX_STATE_MESSAGES}"
+        )
+    problems: list[str] = []
+    failed = 0
+    for index, item in enumerate(state):
+        try:
+            message = ChatMessage.model_validate(item)
+        except ValidationError as exc:
+            failed += exc.error_count()
+            problems.extend(_error_parts(exc, ("state", index))[: 5 - len(problems)])
+            continue
+        if not failed:
+            state[index] = message.model_dump()  # JSON types only (see _not_json)
+    if failed:
+        raise Unprocessable(f"Invalid request body: {_summary(problems, failed)}")
+    return state
+
+
+def _drop_unset_extras(body: dict[str, Any]) -> None:
+    """A session answer keeps the guide's exact shape unless there is more to say: ``turn``
+    only while a turn is live, an interrupt's ``created_at``/``expires_at`` only when it
+    expires (a client comparing whole answers with the reference's keeps working)."""
+    if body.get("turn") is None:
+        body.pop("turn", None)
+    for item in body.get("interrupts") or ():
+        if item.get("expires_at") is None:
+            item.pop("expires_at", None)
+            item.pop("created_at", None)
+
+
 def describe_validation_error(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(item) for item in error.get("loc", ())) or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    more = len(exc.errors()) - 5
-    if more > 0:
-        parts.append(f"and {more} more")
-    return "; ".join(parts)
+    return _summary(_error_parts(exc))
+
+
+def _error_parts(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[str]:
+    return [
+        f"{'.'.join(str(item) for item in prefix + tuple(error.get('loc', ()))) or 'body'}: {error.get('msg', 'invalid')}"
+        for error in exc.errors()
+    ]
+
+
+def _summary(parts: list[str], total: int | None = None) -> str:
+    """The first few problems, and how many more there are."""
+    more = (len(parts) if total is None else total) - min(len(parts), 5)
+    return "; ".join(parts[:5] + ([f"and {more} more"] if more > 0 else []))
 
 
 def _session_response(view: SessionView) -> SessionResponse:
     interrupts = None
     if view.status is SessionStatus.INTERRUPTED:
         interrupts = [
-            InterruptInfo(interrupt_id=item.interrupt_id, type=item.type, payload=item.payload)
+            InterruptInfo(
+                interrupt_id=item.interrupt_id, type=item.type, payload=item.payload,
+                created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
+            )
             for item in view.interrupts
         ]
     return SessionResponse(
@@ -259,29 +341,27 @@ def openapi() -> Response:
 
 @api.post("/sessions")
 def create_session() -> Response:
-    body = _body(CreateSessionRequest, allow_empty=True)
-    return _create(None, body)
+    return _create(None, _state_body())
 
 
 @api.put("/sessions/<session_id>")
 def put_session(session_id: str) -> Response:
     if not _server().allow_custom_ids:
         raise CustomIdsDisabled(
-            "Custom session ids are disabled; start the server with --allow-custom-ids",
+            "Custom session IDs are not enabled; start the server with --allow-custom-ids",
             headers={"Allow": "GET, DELETE"},
         )
+    # Any spelling uuid.UUID reads (upper case, no dashes...) is accepted and kept as given,
+    # as in the reference product: the client goes on using the id it chose.
     try:
-        canonical = str(uuid.UUID(session_id))
+        uuid.UUID(session_id)
     except ValueError:
-        canonical = None
-    if canonical != session_id:
-        raise BadRequest(f"Session id must be a UUID in canonical form (like {uuid.uuid4()}), got {session_id!r}")
-    body = _body(CreateSessionRequest, allow_empty=True)
-    return _create(session_id, body)
+        shown = session_id if len(session_id) <= 80 else session_id[:77] + "..."
+        raise BadRequest(f"Session ID must be a valid UUID (like {uuid.uuid4()}), got {shown!r}") from None
+    return _create(session_id, _state_body())
 
 
-def _create(session_id: str | None, body: CreateSessionRequest) -> Response:
-    state = [message.model_dump(mode="json") for message in body.state or []]
+def _create(session_id: str | None, state: list[dict[str, Any]]) -> Response:
     view = _server().turns.create(session_id=session_id, state=state)
     return _json(_session_response(view), 201, {"Location": f"/sessions/{view.session_id}"})
 
@@ -309,7 +389,12 @@ def get_session(session_id: str) -> Response:
                 waiters.release()
     else:
         view = turns.get(session_id)
-    return _json(_session_response(view))
+    response = _session_response(view)
+    if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
+        live = turns.live(session_id)
+        if live is not None:
+            response.turn = describe_turn(*live, isoformat)
+    return _json(response)
 
 
 @api.delete("/sessions/<session_id>")
@@ -321,7 +406,7 @@ def delete_session(session_id: str) -> Response:
 @api.post("/sessions/<session_id>/messages")
 def send_message(session_id: str) -> Response:
     body = _body(SendMessageRequest)
-    message = body.message().model_dump(mode="json")
+    message = body.model_dump(exclude={"webhook"})  # as body.message(), with fewer copies (see _not_json)
     webhook = body.webhook.model_dump(mode="json") if body.webhook else None
     _server().send_message(session_id, message, webhook)
     return _json(
@@ -338,8 +423,76 @@ def get_messages(session_id: str) -> Response:
 def resume(session_id: str) -> Response:
     _server().turns.get(session_id)  # 404 for an unknown session before judging the body
     body = _body(ResumeRequest)
-    status = _server().resume(session_id, body.interrupt_id, body.value)
+    status = _server().resume(session_id, body.interrupt_id, body.value, by=g.caller.name)
     return _json(ResumeAccepted(session_id=session_id, status=status.value))
+
+
+@api.get("/interrupts")
+def inbox() -> Response:
+    """Pending interrupts across every session, oldest first (the approvals inbox)."""
+    status = _query("status") or "pending"
+    if status != "pending":
+        raise BadRequest(f"Query parameter 'status' must be 'pending' (the inbox lists what waits on a person), got {status!r}")
+    kind = _query("type") or None
+    cap = _server().max_wait
+    timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)
+    turns, waiters = _server().turns, _server().waiters
+    if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
+        try:
+            found = turns.wait_inbox(kind, timeout)
+        finally:
+            if waiters is not None:
+                waiters.release()
+    else:
+        found = turns.inbox(kind)
+    items = [
+        InboxItem(
+            session_id=session_id, interrupt_id=item.interrupt_id, type=item.type, payload=item.payload,
+            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
+        ).model_dump(mode="json")
+        for session_id, item in found
+    ]
+    return jsonify(items)
+
+
+@api.get("/events")
+def all_events() -> Response:
+    return event_stream(_server(), None, request.headers.get("Last-Event-ID"), _query("after"), _client_socket())
+
+
+@api.get("/sessions/<session_id>/events")
+def session_events(session_id: str) -> Response:
+    _server().turns.get(session_id)  # 404 for an unknown session
+    return event_stream(_server(), session_id, request.headers.get("Last-Event-ID"), _query("after"), _client_socket())
+
+
+def _client_socket() -> Any:
+    """The client's socket where the WSGI server hands it over (gunicorn does)."""
+    return request.environ.get("gunicorn.socket")
+
+
+@api.get("/sessions/<session_id>/grants")
+def list_grants(session_id: str) -> Response:
+    grants = _server().turns.grants(session_id)
+    return jsonify([
+        Grant(tool_name=tool, granted_by=grant.get("by") or "", granted_at=isoformat(grant.get("at")) or "").model_dump(mode="json")
+        for tool, grant in sorted(grants.items())
+    ])
+
+
+@api.delete("/sessions/<session_id>/grants/<tool_name>")
+def revoke_grant(session_id: str, tool_name: str) -> Response:
+    _server().turns.revoke(session_id, tool_name, by=g.caller.name)
+    return Response(status=204)
+
+
+@api.get("/sessions/<session_id>/audit")
+def audit(session_id: str) -> Response:
+    records = _server().turns.audit(session_id)
+    return jsonify([
+        AuditEntry(kind=record.kind, at=isoformat(record.at) or "", by=record.by, **record.data).model_dump(mode="json")
+        for record in records
+    ])
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -1,8 +1,16 @@
-"""API keys: who may drive (and so approve through) a served agent.
+"""API keys: who may drive (and so approve through) a served agent, and under which name.
 
 With one or more keys configured, every API request except ``GET /health`` must carry
 ``Authorization: Bearer <key>``. A missing or wrong key is answered 401 with
 ``WWW-Authenticate: Bearer`` before the request body is even read, so it changes nothing.
+
+A key is written ``SECRET`` (named ``default``), ``NAME=SECRET``, or ``NAME=SECRET:read``
+(a read-only key: it may list and watch, and gets 403 on anything that writes). The name is
+what the audit records as who resolved an interrupt. ``NAME`` is letters, digits, ``_``,
+``-`` and ``.``; a bare secret that itself contains ``=`` is read as named only when the part
+before the first ``=`` is a valid name and the rest is not empty and does not start with
+``=`` (so base64 padding such as ``abc==`` stays a bare secret); write ``default=SECRET`` to
+be unambiguous.
 
 Guarantees:
 
@@ -10,7 +18,7 @@ Guarantees:
   (no early exit on the first match), so timing does not reveal which key or how much of one
   matched. Several keys allow rotation: add the new key, move clients, drop the old one.
 - Keys never appear in a response, an error message or a log line; ``ApiKeys`` prints as
-  the number of keys it holds.
+  the number of keys it holds. Names are not secret.
 """
 
 from __future__ import annotations
@@ -18,19 +26,65 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 ENV_VAR = "MOTUS_API_KEY"
+
+#: The name of a key given without one, and of every caller on a server without keys.
+DEFAULT_NAME = "default"
+ANONYMOUS = "anonymous"
+READ, WRITE = "read", "write"
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a request: the key's name and scope."""
+
+    name: str
+    scope: str = WRITE
+
+    @property
+    def can_write(self) -> bool:
+        return self.scope == WRITE
+
+
+NOBODY_NEEDED = Caller(ANONYMOUS, WRITE)
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str
+    secret: bytes
+    scope: str
+
+
+def parse_key(text: str) -> tuple[str, str, str]:
+    """``(name, secret, scope)`` of one ``--api-key`` value (see the module docstring)."""
+    text = text.strip()
+    scope = WRITE
+    name, eq, rest = text.partition("=")
+    if eq and _NAME.fullmatch(name) and rest and not rest.startswith("="):
+        secret = rest
+        if secret.endswith(":read") and len(secret) > len(":read"):
+            secret, scope = secret[: -len(":read")], READ
+        return name, secret, scope
+    return DEFAULT_NAME, text, WRITE
 
 
 class ApiKeys:
     def __init__(self, keys: Iterable[str] = ()) -> None:
-        cleaned = []
-        for key in keys:
-            key = key.strip()
-            if key:
-                cleaned.append(key.encode())
-        self._keys = tuple(cleaned)
+        parsed = []
+        for raw in keys:
+            if not raw.strip():
+                continue
+            name, secret, scope = parse_key(raw)
+            if secret:
+                parsed.append(_Key(name, secret.encode(), scope))
+        self._keys = tuple(parsed)
 
     @classmethod
     def from_sources(cls, keys: Iterable[str] = (), env: dict[str, str] | None = None) -> ApiKeys:
@@ -50,18 +104,28 @@ class ApiKeys:
     def __repr__(self) -> str:
         return f"ApiKeys({len(self._keys)} keys)"
 
-    def allows(self, authorization: str | None) -> bool:
-        """True when auth is off, or the header is ``Bearer <one of the keys>``."""
+    @property
+    def names(self) -> list[str]:
+        return [key.name for key in self._keys]
+
+    def identify(self, authorization: str | None) -> Caller | None:
+        """Who the header says the caller is: ``anonymous`` when auth is off, the matching
+        key's name and scope, or None for a missing or wrong key."""
         if not self._keys:
-            return True
+            return NOBODY_NEEDED
         scheme, _, presented = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not presented:
-            return False
+            return None
         candidate = presented.strip().encode()
-        matched = False
-        for key in self._keys:
-            matched |= hmac.compare_digest(candidate, key)
-        return matched
+        found: _Key | None = None
+        for key in self._keys:  # every key is compared: no early exit
+            if hmac.compare_digest(candidate, key.secret) and found is None:
+                found = key
+        return Caller(found.name, found.scope) if found is not None else None
+
+    def allows(self, authorization: str | None) -> bool:
+        """True when auth is off, or the header is ``Bearer <one of the keys>``."""
+        return self.identify(authorization) is not None
 
 
 def is_loopback(host: str) -> bool:

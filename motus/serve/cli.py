@@ -1,5 +1,5 @@
 """``motus serve ...``: ``start`` runs a server; the client commands are added by
-``motus.serve.client_commands``. The same server options serve ``flask motus serve``.
+``motus.client.commands``. The same server options serve ``flask motus serve``.
 
 ``start`` checks the agent import path before anything listens (a clear message and exit
 code 2 on a bad path) and checks that the port is free, then runs gunicorn with one worker
@@ -18,9 +18,12 @@ from typing import Any
 
 import click
 
-from motus.serve import client_commands
-from motus.serve.agents import AgentLoadError, load_agent
+from motus.client import commands as client_commands
+from motus.serve.agents import AgentLoadError, AgentNotSendable, load_agent
 from motus.serve.auth import ENV_VAR as ENV_VAR_API_KEY
+from motus.serve.webhooks import SECRET_ENV_VAR as WEBHOOK_SECRET_ENV_VAR
+
+log = logging.getLogger(__name__)
 
 #: Request threads long polls may never take, so resumes and health checks always get one.
 RESERVED_THREADS = 8
@@ -138,6 +141,8 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--api-key-file", "api_key_file", default=None, metavar="PATH", help="Read API keys from a file, one per line (keeps them out of `ps`); recommended over --api-key."),
         click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", help="Accept this Host header too (repeatable); a loopback-bound server otherwise accepts only loopback names."),
         click.option("--webhook-allow", "webhook_allow", multiple=True, metavar="CIDR|HOST", help="Let webhooks reach this network or host even where it would be refused (repeatable)."),
+        click.option("--max-streams", default=64, show_default=True, type=click.IntRange(0), help="Event streams (GET /events) open at once; each holds a request thread; 0 = no cap."),
+        click.option("--webhook-secret", "webhook_secret", default=None, envvar=WEBHOOK_SECRET_ENV_VAR, metavar="SECRET", help="Sign webhook deliveries (X-Motus-Signature: sha256=HMAC of the body); default: $MOTUS_WEBHOOK_SECRET."),
         click.option("--read-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Drop a client that takes longer than this to send its request headers or body (s)."),
     ]
     for option in reversed(options):
@@ -153,11 +158,15 @@ def configure_logging(level: str) -> None:
 
 
 def check_agent_path(agent: str) -> None:
-    """Import the agent now, from the current folder too (as ``python -m`` would)."""
+    """Import the agent now, from the current folder too (as ``python -m`` would). An agent
+    no worker may load (a lambda, a nested function) stops the start with one line, exit 2."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         load_agent(agent)
+    except AgentNotSendable as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
     except AgentLoadError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -183,12 +192,27 @@ def warn_if_exposed(host: str, api_keys: tuple[str, ...]) -> None:
         click.secho(warning, fg="yellow", err=True)
 
 
+def web_chat_address(host: str, port: int) -> str:
+    """The URL to open for the web chat of a server bound to ``host:port``.
+
+    A wildcard address (``0.0.0.0``, ``::``) is not one to browse to: this machine's
+    loopback stands in for it (other machines use this machine's own name or address).
+    """
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/ui/"
+
+
 def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
     def build() -> Any:
         from motus.serve.server import AgentServer
 
         configure_logging(opts["log_level"])
-        return AgentServer(
+        server = AgentServer(
             opts["agent"],
             max_workers=opts["workers"],
             ttl=opts["ttl"],
@@ -205,9 +229,14 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             max_wait=opts["max_wait"],
             max_interrupts=opts["max_interrupts"],
             max_waiters=max(1, opts["threads"] - RESERVED_THREADS),
+            max_streams=opts.get("max_streams", 64),
+            webhook_secret=opts.get("webhook_secret"),
             store=opts["store"],
             park_after=opts["park_after"],
         )
+        if not opts["no_ui"] and opts.get("port"):
+            log.info("web chat: %s", web_chat_address(opts["host"], opts["port"]))
+        return server
 
     return build
 

@@ -58,6 +58,22 @@ class InterruptNotPending(ServeError):
     status_code = 404
 
 
+class GrantNotFound(ServeError):
+    status_code = 404
+
+
+class ReadOnlyKey(ServeError):
+    """A key with the ``read`` scope tried to change something."""
+
+    status_code = 403
+
+
+class TooManyStreams(ServeError):
+    """Every event stream slot (``--max-streams``) is taken."""
+
+    status_code = 503
+
+
 class CustomIdsDisabled(ServeError):
     status_code = 405
 

@@ -1,4 +1,5 @@
-"""Change notification for long polls: ``publish`` after a commit, ``wait`` until a check passes.
+"""Change notification for long polls and event streams: ``publish`` after a commit, ``wait``
+until a check passes.
 
 This is the one place that knows how a waiting request learns of a change. In one process
 it is a ``threading.Condition`` per watched session; a store shared by several processes
@@ -13,6 +14,8 @@ Rules:
 - ``wait`` evaluates ``check`` under the session's Condition, so a publish between the check
   and the wait cannot be missed.
 - ``close`` (server shutdown) releases every waiter at once.
+- ``ALL`` is a key of its own: every ``publish`` also wakes its waiters (the inbox and the
+  stream of every session's events), so a session's stream is woken only by that session.
 
 Thread ownership: ``_watched`` and ``_closing`` are guarded by ``_lock``; each ``_Watch``'s
 fields by its own Condition.
@@ -27,6 +30,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+#: Wait on this key to be woken by a change to any session.
+ALL = "*"
+
 
 class _Watch:
     def __init__(self) -> None:
@@ -40,12 +46,17 @@ class Events:
         self._watched: dict[str, _Watch] = {}
         self._closing = False
 
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
     def publish(self, session_id: str) -> None:
         with self._lock:
-            watch = self._watched.get(session_id)
-        if watch is not None:
-            with watch.cond:
-                watch.cond.notify_all()
+            watches = [self._watched.get(session_id), self._watched.get(ALL)]
+        for watch in watches:
+            if watch is not None:
+                with watch.cond:
+                    watch.cond.notify_all()
 
     def wait(self, session_id: str, check: Callable[[], T | None], timeout: float) -> T | None:
         """Return ``check()`` as soon as it is not None, or None after ``timeout`` seconds or

@@ -46,8 +46,14 @@ EXIT_GRACE_SECONDS = 1.0
 class _Channel:
     """The worker's end of the pipe while a turn runs."""
 
-    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop, max_interrupts: int = 0) -> None:
+    def __init__(
+        self, conn: Connection, loop: asyncio.AbstractEventLoop, max_interrupts: int = 0, grants: tuple[str, ...] = ()
+    ) -> None:
         self._conn = conn
+        #: Tools approved "for the session": the session's grants when the turn started,
+        #: plus those granted by answers in this turn (a replay learns them again from the
+        #: same recorded answers, so it sees what the first run saw).
+        self.grants: set[str] = set(grants)
         self._max_interrupts = max_interrupts
         self._loop = loop
         self._send_lock = threading.Lock()
@@ -80,8 +86,11 @@ class _Channel:
         finally:
             self._acks.pop(record.entry.seq, None)
 
-    async def interrupt(self, payload: dict[str, Any]) -> Any:
+    async def interrupt(self, payload: dict[str, Any], timeout: float | None = None, default: Any = None) -> Any:
         payload = _as_json_object(payload)
+        timeout = _check_timeout(timeout)
+        if timeout is not None:
+            default = _as_json_value(default)
         if self._closed:
             raise EOFError("Worker pipe closed")
         kind = payload.get("type")
@@ -95,9 +104,10 @@ class _Channel:
                 "wait for some to be resumed before raising more"
             )
         if recorded is not None:  # still unanswered: wait again under its original id
-            message = Interrupt(interrupt_id=recorded.ref or str(uuid.uuid4()), payload=payload, seq=recorded.seq)
+            message = Interrupt(interrupt_id=recorded.ref or str(uuid.uuid4()), payload=payload, seq=recorded.seq,
+                                timeout=timeout, default=default)
         else:
-            message = Interrupt(interrupt_id=str(uuid.uuid4()), payload=payload, seq=0)
+            message = Interrupt(interrupt_id=str(uuid.uuid4()), payload=payload, seq=0, timeout=timeout, default=default)
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) > MAX_INTERRUPT_BYTES:
             raise ValueError(
@@ -106,7 +116,8 @@ class _Channel:
             )
         if recorded is None:
             message = Interrupt(
-                interrupt_id=message.interrupt_id, payload=payload, seq=self.journal.new_seq(), parent=current_parent()
+                interrupt_id=message.interrupt_id, payload=payload, seq=self.journal.new_seq(), parent=current_parent(),
+                timeout=timeout, default=default,
             )
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -192,6 +203,24 @@ def _as_json_object(payload: Any) -> dict[str, Any]:
         raise TypeError(f"interrupt() payload must be JSON-serializable: {exc}") from None
 
 
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"interrupt() timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not (timeout > 0) or timeout == float("inf"):
+        raise ValueError(f"interrupt() timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _as_json_value(value: Any) -> Any:
+    """An interrupt's default exactly as a resume value would arrive: JSON."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"interrupt() default must be JSON-serializable: {exc}") from None
+
+
 _channel: _Channel | None = None
 
 
@@ -201,8 +230,12 @@ def _install(channel: _Channel | None) -> None:
     _channel = channel
 
 
-async def interrupt(payload: dict[str, Any]) -> Any:
+async def interrupt(payload: dict[str, Any], *, timeout: float | None = None, default: Any = None) -> Any:
     """Pause this turn, show ``payload`` to the client, and return the value it resumes with.
+
+    With ``timeout`` (seconds), the server resolves the interrupt itself with ``default`` if
+    nobody has answered by then (recorded as resolved by ``timeout``). The deadline is kept
+    in the store: it holds across restarts and while the turn is parked.
 
     Raises:
         RuntimeError: outside a ``motus serve`` worker subprocess.
@@ -215,4 +248,11 @@ async def interrupt(payload: dict[str, Any]) -> Any:
     channel = _channel
     if channel is None:
         raise RuntimeError("interrupt() called outside motus serve worker subprocess")
-    return await channel.interrupt(payload)
+    return await channel.interrupt(payload, timeout=timeout, default=default)
+
+
+def session_grants() -> set[str]:
+    """The tools this session approved "for the session" (empty outside a worker). The
+    approval gate reads and adds to it; nothing else should."""
+    channel = _channel
+    return channel.grants if channel is not None else set()

@@ -17,9 +17,12 @@ from pydantic.json_schema import models_json_schema
 from motus import __version__
 from motus.models import ChatMessage
 from motus.serve.schemas import (
+    AuditEntry,
     CreateSessionRequest,
     ErrorResponse,
+    Grant,
     HealthResponse,
+    InboxItem,
     MessageAccepted,
     ResumeAccepted,
     ResumeRequest,
@@ -29,10 +32,13 @@ from motus.serve.schemas import (
 )
 
 _MODELS: list[type[BaseModel]] = [
+    AuditEntry,
     ChatMessage,
     CreateSessionRequest,
     ErrorResponse,
+    Grant,
     HealthResponse,
+    InboxItem,
     MessageAccepted,
     ResumeAccepted,
     ResumeRequest,
@@ -42,16 +48,16 @@ _MODELS: list[type[BaseModel]] = [
 ]
 
 _REASONS = {
-    400: "Malformed request: bad JSON, not an object, too many items, a bad query parameter, a webhook that may not be called, or a Host name a loopback server does not answer to",
+    400: "Bad request: a body past a shape limit (too many items, nested too deeply), a body that could not be read, a bad query parameter, a custom session ID that is not a UUID, a webhook that may not be called, or a Host name a loopback server does not answer to",
     401: "Missing or wrong API key",
-    403: "A cross-site request: its Origin is not this server's",
-    404: "Unknown session, or an interrupt id that is not pending right now",
-    405: "Custom session ids are disabled (start with --allow-custom-ids)",
+    403: "A cross-site request (its Origin is not this server's), or a read-only API key on a route that writes",
+    404: "Unknown session, an interrupt id that is not pending right now, or no such grant",
+    405: "Custom session IDs are not enabled (start with --allow-custom-ids)",
     409: "The session is running or interrupted, or the id exists",
     413: "Request body larger than --max-request-bytes",
     415: "A body that is not declared Content-Type: application/json",
-    422: "The body does not match the schema; the detail names the field",
-    503: "Session limit reached, or the server is shutting down",
+    422: "The body is missing, is not JSON, is not an object, or does not match the schema; the detail names the problem",
+    503: "Session limit reached, every event stream slot taken (--max-streams), or the server is shutting down",
 }
 
 
@@ -75,13 +81,17 @@ def _operation(
     status, description, schema = ok
     success: dict[str, Any] = {"description": description}
     if schema is not None:
-        success["content"] = _json_content(schema)
+        success["content"] = _json_content(schema) if schema.get("type") != "event-stream" else {
+            "text/event-stream": {"schema": {"type": "string"}}
+        }
     if headers:
         success["headers"] = headers
     responses: dict[str, Any] = {str(status): success}
     # Every operation refuses a foreign Host (400) and a cross-site Origin (403); one with a
-    # body also refuses a body that is not declared JSON (415).
-    codes = sorted(set(errors) | {400, 403} | ({415} if body is not None else set()) | ({401} if auth else set()))
+    # body also refuses a body that is not declared JSON (415) and one that is missing, not
+    # JSON, not an object or not of the schema (422).
+    with_body = {415, 422} if body is not None else set()
+    codes = sorted(set(errors) | {400, 403} | with_body | ({401} if auth else set()))
     for code in codes:
         responses[str(code)] = {"description": _REASONS[code], "content": _json_content(_ref("ErrorResponse"))}
     if auth:
@@ -98,6 +108,8 @@ def _operation(
 
 
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_TOOL_NAME = {"name": "tool_name", "in": "path", "required": True, "schema": {"type": "string"}}
+_STREAM = {"type": "event-stream"}
 _LOCATION = {"Location": {"description": "Where to poll the session", "schema": {"type": "string"}}}
 
 
@@ -112,6 +124,15 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
         _SESSION_ID,
         {"name": "wait", "in": "query", "required": False, "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]}, "description": "Long poll: return when the status is not running"},
         {"name": "timeout", "in": "query", "required": False, "schema": {"type": "number", "minimum": 0}, "description": "Seconds a long poll waits at most (capped by --max-wait)"},
+    ]
+    inbox_params = [
+        {"name": "status", "in": "query", "required": False, "schema": {"type": "string", "enum": ["pending"]}},
+        {"name": "type", "in": "query", "required": False, "schema": {"type": "string"}, "description": "Only interrupts of this type"},
+        *wait_params[1:],
+    ]
+    stream_params = [
+        {"name": "after", "in": "query", "required": False, "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}, "description": "Start after this event id (as Last-Event-ID does)"},
+        {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
     ]
     paths = {
         "/health": {
@@ -135,6 +156,24 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
         },
         "/sessions/{session_id}/resume": {
             "post": _operation("Answer one pending interrupt", (200, "Delivered", _ref("ResumeAccepted")), [400, 404, 413, 422], body=("ResumeRequest", True), params=[_SESSION_ID], auth=auth),
+        },
+        "/interrupts": {
+            "get": _operation("The inbox: pending interrupts of every session, oldest first", (200, "Pending interrupts", {"type": "array", "items": _ref("InboxItem")}), [400], params=inbox_params, auth=auth),
+        },
+        "/events": {
+            "get": _operation("Server-sent events of every session", (200, "An event stream", _STREAM), [400, 503], params=stream_params, auth=auth),
+        },
+        "/sessions/{session_id}/events": {
+            "get": _operation("Server-sent events of one session", (200, "An event stream", _STREAM), [400, 404, 503], params=[_SESSION_ID, *stream_params], auth=auth),
+        },
+        "/sessions/{session_id}/grants": {
+            "get": _operation("Tools approved for the rest of the session", (200, "Grants", {"type": "array", "items": _ref("Grant")}), [404], params=[_SESSION_ID], auth=auth),
+        },
+        "/sessions/{session_id}/grants/{tool_name}": {
+            "delete": _operation("Revoke a grant (from the session's next turn)", (204, "Revoked", None), [404], params=[_SESSION_ID, _TOOL_NAME], auth=auth),
+        },
+        "/sessions/{session_id}/audit": {
+            "get": _operation("Who resolved which interrupt, and grants given and revoked, oldest first", (200, "Audit records", {"type": "array", "items": _ref("AuditEntry")}), [404], params=[_SESSION_ID], auth=auth),
         },
     }
     document: dict[str, Any] = {

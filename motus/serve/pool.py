@@ -35,6 +35,9 @@ Guarantees and rules:
 - Each worker process runs one job, then exits; processes are started ahead of need from a
   forkserver with the agent module preloaded (spawn where forkserver is missing), so a turn
   does not pay for interpreter start-up and the threaded server is never forked.
+- A process that cannot be started fails, with that reason, every job waiting for one
+  (each job launched later gets its own attempt); spare processes are then refilled with a
+  growing back-off, never in a loop.
 - Listener callbacks run on the manager thread without the pool lock held.
 
 Thread ownership: every ``Handle`` and ``_Warm`` field is guarded by ``WorkerPool._lock``,
@@ -57,7 +60,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from motus.serve.agents import agent_module
+from motus.serve.agents import agent_module, needs_main
 from motus.serve.errors import ServerUnavailable
 from motus.serve.interrupt import EXIT_GRACE_SECONDS
 from motus.serve.protocol import Failure, Job, Result
@@ -73,6 +76,10 @@ BLOCKED_SEND_SECONDS = 0.2
 REFILL_IDLE_SECONDS = 0.02
 #: After a worker reported its outcome, how long it may take to exit before it is killed.
 REAP_GRACE_SECONDS = 5.0
+#: After a process fails to start, refills wait this long, doubling with each failure in a
+#: row up to the maximum (a launched job does not wait: it gets an attempt at once).
+START_RETRY_SECONDS = 0.5
+START_RETRY_MAX_SECONDS = 30.0
 
 Sends = list[tuple["Handle", object]]
 
@@ -141,6 +148,8 @@ class _Wakeup:
 
 
 WORKER_PROCESS_NAME = "motus-worker"
+#: Workers of an agent defined in the main script: they run that script first (see below).
+WORKER_WITH_MAIN_NAME = "motus-worker-main"
 
 
 def _skip_main_for_workers() -> None:
@@ -152,7 +161,10 @@ def _skip_main_for_workers() -> None:
     at worst (a user's ``AgentServer(...).run()`` without a main guard). Workers need nothing
     from ``__main__``: the agent is imported by its module path. So for processes named
     ``WORKER_PROCESS_NAME`` the preparation data leaves the main module out. The wrapper is
-    installed once and changes nothing for any other process.
+    installed once and changes nothing for any other process. The one exception is an agent
+    object defined in the main script itself (``AgentServer(agent_fn=my_agent)`` in
+    ``myapp.py``): its workers are named ``WORKER_WITH_MAIN_NAME`` and run the script as
+    ``__mp_main__``, exactly as ``multiprocessing`` does, so the agent can be unpickled.
     """
     from multiprocessing import spawn
 
@@ -187,7 +199,7 @@ class WorkerPool:
         self,
         listener: PoolListener,
         agent_path: str | None,
-        agent_obj: Any = None,
+        agent_blob: bytes | None = None,
         warm: int = 2,
         busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
@@ -198,7 +210,11 @@ class WorkerPool:
         self.warm_low = max(1, warm // 2)
         self._listener = listener
         self._agent_path = agent_path
-        self._agent_obj = agent_obj
+        self._agent_blob = agent_blob  # the pickled agent object (see agents.agent_blob)
+        needs_main_script = agent_blob is not None and needs_main(agent_blob)
+        self._process_name = WORKER_WITH_MAIN_NAME if needs_main_script else WORKER_PROCESS_NAME
+        self._start_failures = 0  # failed process starts in a row
+        self._retry_start_at = 0.0  # no refill before this after a failed start (clock)
         self._busy = busy
         self._clock = clock
         self._ctx = _context(agent_module(agent_path) if agent_path else None)
@@ -394,9 +410,12 @@ class WorkerPool:
         """
         have = len(self._warm) + self._spawning
         if self._waiting and have < len(self._waiting) + self.warm_low:
-            return True, None
+            return True, None  # a launched job always gets its attempt, even after failures
         if have >= self.warm_target:
             return False, None
+        backoff = self._retry_start_at - self._clock()
+        if backoff > 0:
+            return False, backoff  # the last start failed: refill later, never in a loop
         if have < self.warm_low:
             return True, None
         if self._busy():
@@ -417,16 +436,23 @@ class WorkerPool:
                 if self._stopped:
                     return
                 self._spawning += 1
-            warm = None
+            warm, error, failed = None, None, []
             try:
                 warm = self._start_process()
-            except Exception:
-                log.exception("could not start a worker process")
+            except Exception as exc:
+                error = f"Could not start a worker process: {type(exc).__name__}: {exc}"
+                self._log_start_failure(error)
             with self._lock:
                 self._spawning -= 1
                 if warm is None:
-                    self._changed.wait(1.0)  # do not spin on a failing start
-                    continue
+                    failed = self._start_failed_locked()
+                else:
+                    self._start_failures, self._retry_start_at = 0, 0.0
+            if warm is None:
+                for handle in failed:
+                    self._report_outcome(handle, Failure(error=error or "Could not start a worker process"))
+                continue
+            with self._lock:
                 if self._stopped:
                     self._procs[warm.process.sentinel] = warm
                     sends: Sends = []
@@ -436,15 +462,35 @@ class WorkerPool:
             self.deliver(sends)
             self._wakeup.wake()
 
+    def _start_failed_locked(self) -> list[Handle]:
+        """A process could not be started: every job waiting for one fails now (the caller
+        reports them, outside the lock), and refills back off, 0.5 s doubling up to 30 s.
+        A job launched later still gets its own attempt at once."""
+        self._start_failures += 1
+        backoff = min(START_RETRY_MAX_SECONDS, START_RETRY_SECONDS * 2 ** (self._start_failures - 1))
+        self._retry_start_at = self._clock() + backoff
+        failed = list(self._waiting)
+        return failed
+
+    def _log_start_failure(self, error: str) -> None:
+        """The first failure of a run with its traceback; later ones in one line each."""
+        if self._start_failures == 0:
+            log.exception("%s", error)
+        else:
+            log.warning("%s (%d failures in a row)", error, self._start_failures + 1)
+
     def _start_process(self) -> _Warm:
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=worker_main,
-            args=(child, self._agent_path, None if self._agent_path else self._agent_obj),
-            name=WORKER_PROCESS_NAME,
+            args=(child, self._agent_path, None if self._agent_path else self._agent_blob),
+            name=self._process_name,
         )
         try:
             process.start()
+        except BaseException:
+            parent.close()  # a start that keeps failing must not leak a pipe each time
+            raise
         finally:
             child.close()
         return _Warm(process=process, conn=parent)

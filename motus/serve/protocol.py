@@ -49,6 +49,9 @@ class JournalEntry:
     answered_at: float | None = None
     answered_by: str | None = None
     parent: int | None = None  # the journaled call (a tool, a step) this one ran inside
+    created_at: float | None = None  # an interrupt's: when the server first saw it (wall clock)
+    expires_at: float | None = None  # an interrupt's deadline, if it has a timeout (wall clock)
+    default: bytes | None = None  # the packed value an expired interrupt resolves to
 
     def finished(self, value: bytes, **changes: Any) -> JournalEntry:
         return replace(self, done=True, value=value, **changes)
@@ -71,6 +74,7 @@ class Job:
     state: list[dict[str, Any]]
     max_interrupts: int = 0  # pending at once; 0 = no limit
     journal: tuple[JournalEntry, ...] = field(default_factory=tuple)
+    grants: tuple[str, ...] = ()  # tools the session approved "for the session" before this turn
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class Interrupt:
     payload: dict[str, Any]
     seq: int = 0
     parent: int | None = None
+    timeout: float | None = None  # seconds until the server resolves it with ``default``
+    default: Any = None  # JSON-ready
 
 
 @dataclass(frozen=True)

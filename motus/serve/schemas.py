@@ -28,6 +28,9 @@ class Webhook(BaseModel):
     url: str = Field(min_length=1, json_schema_extra={"maxLength": MAX_URL_LENGTH, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"})
     token: str | None = None
     include_messages: bool = False
+    events: list[Literal["interrupted", "idle", "error"]] | None = Field(
+        default=None, description='When to deliver; default ["idle", "error"] (a turn that ended).'
+    )
 
     @field_validator("url")
     @classmethod
@@ -66,6 +69,33 @@ class InterruptInfo(BaseModel):
     interrupt_id: str
     type: str
     payload: dict[str, Any]
+    created_at: str | None = Field(default=None, description="When the server first saw it (ISO 8601, UTC).")
+    expires_at: str | None = Field(default=None, description="When it resolves itself with its default, if it has a timeout.")
+
+
+class InboxItem(InterruptInfo):
+    """A pending interrupt in the inbox (``GET /interrupts``), with its session."""
+
+    session_id: str
+
+
+class Grant(BaseModel):
+    """A remembered approval: calls of ``tool_name`` in this session pass the gate."""
+
+    tool_name: str
+    granted_by: str
+    granted_at: str
+
+
+class AuditEntry(BaseModel):
+    """Who decided what. ``kind`` is ``resolved`` (an interrupt answered: ``by`` a key's
+    name, or ``timeout``), ``grant`` or ``revoke``; the other fields depend on it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["resolved", "grant", "revoke"]
+    at: str
+    by: str
 
 
 class SessionResponse(BaseModel):
@@ -74,6 +104,11 @@ class SessionResponse(BaseModel):
     response: ChatMessage | None = None
     error: str | None = None
     interrupts: list[InterruptInfo] | None = None
+    turn: dict[str, Any] | None = Field(
+        default=None,
+        description="While running or interrupted: the message that started the turn and what it did so far "
+        "(model replies and tool calls, tool results, interrupts), from the turn journal.",
+    )
 
 
 class SessionSummary(BaseModel):
@@ -100,6 +135,7 @@ class HealthResponse(BaseModel):
     store: str = "memory"
     live_turns: int = 0
     parked_turns: int = 0
+    open_streams: int = 0
 
 
 class ErrorResponse(BaseModel):

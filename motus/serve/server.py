@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -19,14 +20,16 @@ from typing import Any
 
 from flask import Flask
 
-from motus.serve.agents import check_agent, load_agent
+from motus.serve.agents import agent_blob, check_agent, load_agent
 from motus.serve.auth import ENV_VAR as API_KEY_ENV_VAR
 from motus.serve.auth import ApiKeys, is_loopback
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
-from motus.serve.pool import PoolClosed, WorkerPool
+from motus.serve.pool import WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME, PoolClosed, WorkerPool
 from motus.serve.store import Store, StoreError, default_store_url, store_from_url
+from motus.serve.streams import StreamSlots
 from motus.serve.turns import SessionStatus, Turns
+from motus.serve.webhooks import SECRET_ENV_VAR as WEBHOOK_SECRET_ENV_VAR
 from motus.serve.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -41,13 +44,17 @@ DEFAULT_MAX_INTERRUPTS = 64
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 #: With a durable store, a turn waiting on a person is parked after this many seconds.
 DEFAULT_PARK_AFTER = 30.0
+#: Event streams open at once (each holds a request thread; gunicorn has 128 by default).
+DEFAULT_MAX_STREAMS = 64
 
 
 class AgentServer:
     """Serve one agent over HTTP.
 
-    ``agent`` is an import path ``"module:attr"`` (preferred: workers preload the module) or
-    the agent object itself (it must then be picklable, e.g. a module-level function).
+    ``agent`` (or ``agent_fn``, the reference product's name for it) is an import path
+    ``"module:attr"`` (preferred: workers preload the module) or the agent object itself,
+    which must then pickle: a function must be a module-level ``def``, and anything else is
+    a ``ValueError`` here, never a turn that cannot start (see ``agents.agent_blob``).
     ``store`` is a store URL (``memory``, ``sqlite:///PATH``) or a ``Store``; the default is
     ``sqlite:///.motus/<module>.<attr>.sqlite3`` for an import path, memory for an object.
     ``park_after``: seconds a turn waits on a person before its process is ended (``None``
@@ -56,7 +63,7 @@ class AgentServer:
 
     def __init__(
         self,
-        agent: Any,
+        agent: Any = None,
         max_workers: int = 0,
         ttl: float = 0,
         timeout: float = 0,
@@ -75,13 +82,19 @@ class AgentServer:
         host: str = "127.0.0.1",
         allowed_hosts: list[str] | None = None,
         webhook_allow: list[str] | None = None,
+        agent_fn: Any = None,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        webhook_secret: str | None = None,
     ) -> None:
+        agent = _one_agent(agent, agent_fn)
+        self._agent_blob: bytes | None = None
         if isinstance(agent, str):
             load_agent(agent)  # a bad path is a clear error now, not at the first turn
             self.agent_path: str | None = agent
             self._agent_obj = None
         else:
             check_agent(agent)
+            self._agent_blob = agent_blob(agent)  # ValueError now if no worker could load it
             self.agent_path = None
             self._agent_obj = agent
         self.max_workers = max_workers or (os.cpu_count() or 1)
@@ -115,7 +128,8 @@ class AgentServer:
         # README's reverse-proxy setup binds to loopback): then webhooks may not reach
         # loopback or private services unless --webhook-allow says so.
         exposed = not is_loopback(host) or bool(self.allowed_hosts)
-        self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed)
+        self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed, secret=webhook_secret)
+        self.streams = StreamSlots(max_streams)
         self.turns = Turns(
             self.store,
             self.events,
@@ -171,10 +185,11 @@ class AgentServer:
             # processes inherit this process' environment through the forkserver, which
             # starts with the pool below.
             os.environ.pop(API_KEY_ENV_VAR, None)
+            os.environ.pop(WEBHOOK_SECRET_ENV_VAR, None)
             pool = WorkerPool(
                 listener=self.turns,
                 agent_path=self.agent_path,
-                agent_obj=self._agent_obj,
+                agent_blob=self._agent_blob,
                 warm=self.warm_workers if self.warm_workers is not None else min(2 * self.max_workers, 16),
                 busy=self.turns.busy,
             )
@@ -234,26 +249,46 @@ class AgentServer:
             "store": self.store.kind,
             "live_turns": counts["live_turns"],
             "parked_turns": counts["parked_turns"],
+            "open_streams": self.streams.open,
         }
 
     def send_message(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None) -> None:
         self.start()
         self.turns.start_turn(session_id, message, webhook)
 
-    def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionStatus:
+    def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = "anonymous") -> SessionStatus:
         self.start()
-        return self.turns.resume(session_id, interrupt_id, value)
+        return self.turns.resume(session_id, interrupt_id, value, by=by)
 
     def delete(self, session_id: str) -> None:
         self.turns.delete(session_id)
 
     # -- running it -------------------------------------------------------------------
 
-    def run(self, host: str = "127.0.0.1", port: int = 8000, threads: int = 128) -> None:
+    def run(self, host: str = "127.0.0.1", port: int = 8000, threads: int = 128, log_level: str = "info") -> None:
         """Serve with gunicorn (one process, ``threads`` request threads) until stopped."""
         from motus.serve.gunicorn_app import run_gunicorn
 
-        run_gunicorn(lambda: self, host=host, port=port, threads=threads, shutdown_timeout=self.shutdown_timeout)
+        if multiprocessing.current_process().name in (WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME):
+            # The workers of an agent defined in the main script run that script again; an
+            # unguarded run() there would start a second server inside a worker.
+            raise RuntimeError(
+                "AgentServer.run() was called inside a worker process: worker processes run the "
+                "main script again, so start the server under 'if __name__ == \"__main__\":'"
+            )
+
+        run_gunicorn(
+            lambda: self, host=host, port=port, threads=threads, shutdown_timeout=self.shutdown_timeout, log_level=log_level
+        )
+
+
+def _one_agent(agent: Any, agent_fn: Any) -> Any:
+    """``AgentServer(agent)``, ``AgentServer(agent=...)`` or ``AgentServer(agent_fn=...)``."""
+    if agent is not None and agent_fn is not None:
+        raise TypeError("AgentServer() takes the agent once: pass agent or agent_fn, not both")
+    if agent is None and agent_fn is None:
+        raise TypeError("AgentServer() needs an agent: pass agent_fn=<function or 'module:attr'> (or agent=)")
+    return agent if agent is not None else agent_fn
 
 
 def _last_line(text: str) -> str:

@@ -60,6 +60,7 @@ from enum import Enum
 from typing import Any
 
 from motus.serve.errors import (
+    GrantNotFound,
     InterruptNotPending,
     InvalidTransition,
     ServerUnavailable,
@@ -67,11 +68,11 @@ from motus.serve.errors import (
     SessionLimitReached,
     SessionNotFound,
 )
-from motus.serve.events import Events
-from motus.serve.journal import canonical_payload, pack
+from motus.serve.events import ALL, Events
+from motus.serve.journal import canonical_payload, pack, unpack
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
-from motus.serve.store import SessionRecord, Store, TurnRecord
+from motus.serve.store import AuditRecord, Event, SessionRecord, Store, TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,11 @@ NOT_WAITING = "Session not actively waiting for resume"
 TIMED_OUT = "Agent timed out"
 CANCELLED = "Turn cancelled"
 EXITED = "Worker process exited unexpectedly"
+
+#: Who resolved an interrupt that expired (``answered_by`` and the audit's ``by``).
+BY_TIMEOUT = "timeout"
+#: Who acted on a server without API keys.
+ANONYMOUS = "anonymous"
 
 
 class SessionStatus(str, Enum):
@@ -131,6 +137,8 @@ _PUBLIC = {
 class PendingInterrupt:
     interrupt_id: str
     payload: dict[str, Any]
+    created_at: float | None = field(default=None, compare=False)  # wall clock
+    expires_at: float | None = field(default=None, compare=False)  # wall clock
 
     @property
     def type(self) -> str:
@@ -153,7 +161,8 @@ class SessionView:
 
 @dataclass(frozen=True)
 class TurnEnd:
-    """What a finished turn leaves for the webhook, if the turn asked for one."""
+    """What a webhook is sent: a turn that ended, or (if its webhook asked for
+    ``"interrupted"``) one that paused."""
 
     session_id: str
     status: SessionStatus
@@ -161,6 +170,7 @@ class TurnEnd:
     error: str | None
     messages: list[dict[str, Any]]
     webhook: dict[str, Any] | None
+    interrupts: list[dict[str, Any]] | None = None  # for an "interrupted" delivery
 
 
 @dataclass(eq=False)
@@ -179,6 +189,7 @@ class Turn:
     last_heard: float = 0.0  # monotonic: the last message from its process
     backlog: deque[object] = field(default_factory=deque)  # worker messages the store has not taken yet
     backlog_since: float = 0.0  # monotonic
+    grants: tuple[str, ...] = ()  # the session's grants when the turn started (replays see the same)
 
     def calls_in_flight(self) -> bool:
         """Whether a journaled call (a tool body, a step, a model request) has started and
@@ -208,7 +219,9 @@ class Turn:
 
 
     def record(self) -> TurnRecord:
-        return TurnRecord(turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline)
+        return TurnRecord(
+            turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline, grants=self.grants
+        )
 
 
 @dataclass(eq=False)
@@ -222,13 +235,14 @@ class Session:
     turn_id: int = 0
     turn: Turn | None = None
     retired: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool name -> {"by", "at"}
     deleted: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def view(self) -> SessionView:
         interrupts: tuple[PendingInterrupt, ...] = ()
         if self.turn is not None and self.status is SessionStatus.INTERRUPTED:
-            interrupts = tuple(PendingInterrupt(e.ref or "", e.payload or {}) for e in self.turn.pending())
+            interrupts = tuple(pending_interrupt(e) for e in self.turn.pending())
         return SessionView(
             session_id=self.session_id,
             status=self.status,
@@ -252,11 +266,15 @@ class Session:
             "turn_id": self.turn_id,
             "touched": self.touched,
             "turn": self.turn.record() if self.turn is not None and self.turn.state is not TurnState.ENDED else None,
+            "grants": self.grants,
         }
         fields.update(changes)
         if isinstance(fields["status"], SessionStatus):
             fields["status"] = fields["status"].value
         return SessionRecord(**fields)
+
+    def event(self, kind: str, at: float, **data: Any) -> Event:
+        return Event(session_id=self.session_id, kind=kind, data=data, at=at)
 
     def retire(self, interrupt_id: str, why: str) -> None:
         self.retired[interrupt_id] = why
@@ -312,7 +330,7 @@ class Turns:
         self._free_slots = max_workers
         self._ready: deque[Turn] = deque()  # may hold stale entries: _grant re-checks
         self._timers = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, str, Turn]] = []
+        self._heap: list[tuple[float, int, str, Turn, int]] = []
         self._counter = itertools.count()
         self._closing = False
         self._stopped = False
@@ -335,6 +353,7 @@ class Turns:
                 response=record.response,
                 error=record.error,
                 turn_id=record.turn_id,
+                grants=dict(record.grants),
             )
             if record.turn is not None and session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
                 turn = Turn(
@@ -344,8 +363,12 @@ class Turns:
                     webhook=record.turn.webhook,
                     deadline=record.turn.deadline,
                     journal={e.seq: e for e in record.turn.journal},
+                    grants=record.turn.grants,
                 )
                 session.turn = turn
+                for entry in turn.pending():
+                    if entry.expires_at is not None:
+                        self._schedule(entry.expires_at, "expire", turn, arg=entry.seq)
                 if turn.pending():
                     turn.state = TurnState.PARKED
                     session.status = SessionStatus.INTERRUPTED
@@ -457,6 +480,66 @@ class Turns:
                 raise SessionNotFound(session_id)
             return list(session.state)
 
+    def live(self, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry]] | None:
+        """A snapshot of the live turn (its id, message and journal), or None when the
+        session has no turn running or waiting."""
+        session = self._session(session_id)
+        with session.lock:
+            turn = session.turn
+            if session.deleted or turn is None or turn.state is TurnState.ENDED:
+                return None
+            return turn.turn_id, turn.message, list(turn.journal.values())
+
+    def grants(self, session_id: str) -> dict[str, dict[str, Any]]:
+        session = self._session(session_id)
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            return dict(session.grants)
+
+    def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:
+        """Forget a remembered approval. A turn already running keeps the grants it started
+        with (a replay must see what the first run saw); the next turn asks again."""
+        session = self._session(session_id)
+        after = _After()
+        with session.lock:
+            if session.deleted:
+                raise SessionNotFound(session_id)
+            if tool_name not in session.grants:
+                raise GrantNotFound(f"Session {session_id} has no remembered approval for tool {tool_name!r}")
+            now = self._clock()
+            grants = {name: grant for name, grant in session.grants.items() if name != tool_name}
+            self._save(
+                session.record(grants=grants, touched=now),
+                events=[session.event("revoke", now, tool_name=tool_name, by=by)],
+                audit=[AuditRecord(session_id, "revoke", now, by, {"tool_name": tool_name})],
+            )
+            session.grants, session.touched = grants, now
+            after.publish.append(session_id)
+        self._finish(after)
+
+    def audit(self, session_id: str) -> list[AuditRecord]:
+        self.get(session_id)  # 404 for an unknown session
+        return self.store.audit(session_id)
+
+    def inbox(self, kind: str | None = None) -> list[tuple[str, PendingInterrupt]]:
+        """Every pending interrupt of every session (of type ``kind``), oldest first."""
+        found = []
+        for session in self._all():
+            with session.lock:
+                if session.deleted:
+                    continue
+                for item in session.view().interrupts:
+                    if kind is None or item.type == kind:
+                        found.append((session.session_id, item))
+        found.sort(key=lambda pair: (pair[1].created_at or 0.0, pair[1].interrupt_id))
+        return found
+
+    def wait_inbox(self, kind: str | None, timeout: float) -> list[tuple[str, PendingInterrupt]]:
+        """``inbox`` as soon as it is not empty, or empty after ``timeout`` seconds."""
+        found = self.events.wait(ALL, lambda: self.inbox(kind) or None, timeout)
+        return found or []
+
     def list(self) -> list[SessionView]:
         views = []
         for session in self._all():
@@ -505,7 +588,7 @@ class Turns:
                     )
                 self._sessions[session.session_id] = session
             try:
-                self._save(session.record(state=session.state))
+                self._save(session.record(state=session.state), events=[session.event("status", session.touched, status="idle")])
             except ServerUnavailable:
                 session.deleted = True
                 with self._registry:
@@ -520,7 +603,7 @@ class Turns:
         with session.lock:
             if session.deleted:
                 raise SessionNotFound(session_id)
-            self._commit(lambda: self.store.delete(session_id))
+            self._commit(lambda: self.store.delete(session_id, [session.event("status", self._clock(), status="deleted")]))
             session.deleted = True
             turn = session.turn
             if turn is not None and turn.state is not TurnState.ENDED:
@@ -543,7 +626,8 @@ class Turns:
                 if session.deleted or session.status not in (SessionStatus.IDLE, SessionStatus.ERROR) or session.touched > cutoff:
                     continue
                 try:
-                    self._commit(lambda: self.store.delete(session.session_id))
+                    gone = [session.event("status", self._clock(), status="deleted", reason="ttl")]
+                    self._commit(lambda: self.store.delete(session.session_id, gone))
                 except ServerUnavailable:
                     log.warning("TTL sweep could not delete session %s from the store", session.session_id)
                     continue
@@ -576,9 +660,11 @@ class Turns:
                 message=message,
                 webhook=webhook,
                 deadline=now + self.timeout if self.timeout else None,
+                grants=tuple(sorted(session.grants)),
             )
             self._save(session.record(status=SessionStatus.RUNNING, response=None, error=None,
-                                      turn_id=turn.turn_id, touched=now, turn=turn.record()))
+                                      turn_id=turn.turn_id, touched=now, turn=turn.record()),
+                       events=[session.event("status", now, status="running", turn_id=turn.turn_id)])
             session.turn, session.turn_id = turn, turn.turn_id
             session.status, session.response, session.error, session.touched = SessionStatus.RUNNING, None, None, now
             after.queued.append(turn)
@@ -587,8 +673,9 @@ class Turns:
             self._schedule(turn.deadline, "timeout", turn)
         self._finish(after)
 
-    def resume(self, session_id: str, interrupt_id: str, value: Any) -> SessionStatus:
-        """Answer one pending interrupt; returns the status this left the session in."""
+    def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS) -> SessionStatus:
+        """Answer one pending interrupt on behalf of ``by`` (a key's name); returns the
+        status this left the session in."""
         session = self._session(session_id)
         after = _After()
         with session.lock:
@@ -599,31 +686,54 @@ class Turns:
             entry = next((e for e in pending if e.ref == interrupt_id), None)
             if entry is None or turn is None:
                 raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
-            now = self._clock()
-            answered = entry.finished(pack(("ok", value)), answered_at=now)
-            last = len(pending) == 1
-            status = SessionStatus.RUNNING if last else SessionStatus.INTERRUPTED
-            self._save(session.record(status=status, touched=now), [answered])
-            turn.journal[answered.seq] = answered
-            session.status, session.touched = status, now
-            session.retire(interrupt_id, "it was already resumed")
-            message = Resume(interrupt_id=interrupt_id, value=value)
-            if turn.state is TurnState.WAITING:
-                if last:
-                    turn.move(TurnState.RESUMING)
-                    turn.queued_values.append(message)
-                    after.queued.append(turn)
-                else:
-                    after.sends.append((turn.handle, message))  # type: ignore[arg-type]
-            elif turn.state is TurnState.PARKED:
-                if last:
-                    turn.move(TurnState.QUEUED)  # replayed from its journal in a fresh process
-                    after.queued.append(turn)
-            else:
-                raise InvalidTransition(f"session {session_id} is interrupted but its turn is {turn.state.value}")
-            if last:
-                after.publish.append(session_id)
+            status = self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after)
         self._finish(after)
+        return status
+
+    def _resolve_locked(
+        self, session: Session, turn: Turn, entry: JournalEntry, last: bool, value: Any, by: str, after: _After,
+        expired: bool = False,
+    ) -> SessionStatus:
+        """One pending interrupt answered (by a person, or by its timeout with its default):
+        commit the answer with its audit record, its events and any grant it gives, then
+        pass the value on (now, or when the turn gets a slot, or by replay)."""
+        now = self._clock()
+        interrupt_id = entry.ref or ""
+        packed = entry.default if expired and entry.default is not None else pack(("ok", value))
+        answered = entry.finished(packed, answered_at=now, answered_by=by)
+        status = SessionStatus.RUNNING if last else SessionStatus.INTERRUPTED
+        reason = "timeout" if expired else "resume"
+        events = [session.event("resolved", now, interrupt_id=interrupt_id, type=entry.label, by=by, value=value, reason=reason)]
+        audit = [AuditRecord(session.session_id, "resolved", now, by, {
+            "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value, "reason": reason,
+        })]
+        grants = session.grants
+        tool = remembered_tool(entry.payload, value)
+        if tool is not None:
+            grants = {**session.grants, tool: {"by": by, "at": now}}
+            events.append(session.event("grant", now, tool_name=tool, by=by))
+            audit.append(AuditRecord(session.session_id, "grant", now, by, {"tool_name": tool, "interrupt_id": interrupt_id}))
+        if last:
+            events.append(session.event("status", now, status=status.value))
+        self._save(session.record(status=status, touched=now, grants=grants), [answered], events, audit)
+        turn.journal[answered.seq] = answered
+        session.status, session.touched, session.grants = status, now, grants
+        session.retire(interrupt_id, "it expired and was resolved with its default" if expired else "it was already resumed")
+        message = Resume(interrupt_id=interrupt_id, value=value)
+        if turn.state is TurnState.WAITING:
+            if last:
+                turn.move(TurnState.RESUMING)
+                turn.queued_values.append(message)
+                after.queued.append(turn)
+            else:
+                after.sends.append((turn.handle, message))  # type: ignore[arg-type]
+        elif turn.state is TurnState.PARKED:
+            if last:
+                turn.move(TurnState.QUEUED)  # replayed from its journal in a fresh process
+                after.queued.append(turn)
+        else:
+            raise InvalidTransition(f"session {session.session_id} is interrupted but its turn is {turn.state.value}")
+        after.publish.append(session.session_id)
         return status
 
     @staticmethod
@@ -724,20 +834,34 @@ class Turns:
         return session, session.turn
 
     def _interrupted_locked(self, session: Session, turn: Turn, message: Interrupt, after: _After) -> None:
+        now = self._clock()
         known = turn.journal.get(message.seq)
+        events: list[Event] = []
         if known is not None and known.kind == INTERRUPT and known.ref == message.interrupt_id:
             entry = known  # a replay waits again on an interrupt it had raised before
         else:
             kind = message.payload.get("type")
+            timeout = message.timeout if message.timeout is not None and message.timeout > 0 else None
             entry = JournalEntry(
                 seq=message.seq, kind=INTERRUPT, key=canonical_payload(message.payload),
                 label=kind if isinstance(kind, str) else "unknown", ref=message.interrupt_id, payload=message.payload,
-                parent=message.parent,
+                parent=message.parent, created_at=now,
+                expires_at=now + timeout if timeout is not None else None,
+                default=pack(("ok", message.default)) if timeout is not None else None,
             )
-        now = self._clock()
-        self._save(session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry])
+            events.append(session.event("interrupt", now, **interrupt_data(entry)))
+        if session.status is not SessionStatus.INTERRUPTED:
+            events.append(session.event("status", now, status=SessionStatus.INTERRUPTED.value))
+        self._save(session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry], events)
         turn.journal[entry.seq] = entry
         session.status, session.touched = SessionStatus.INTERRUPTED, now
+        if entry is not known and entry.expires_at is not None:
+            self._schedule(entry.expires_at, "expire", turn, arg=entry.seq)
+        if entry is not known and _webhook_wants(turn.webhook, "interrupted"):
+            after.ended.append(TurnEnd(
+                session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
+                messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
+            ))
         if turn.state is TurnState.RESUMING:
             after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
             turn.queued_values.clear()
@@ -760,7 +884,12 @@ class Turns:
         now = self._clock()
         status = SessionStatus.ERROR if error is not None else SessionStatus.IDLE
         new_state = list(state) if state is not None else session.state
-        self._save(session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None))
+        events = [
+            session.event("error", now, error=error) if error is not None else session.event("message", now, response=response),
+            session.event("status", now, status=status.value),
+        ]
+        self._save(session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None),
+                   events=events)
         if error is not None:
             lines = error.strip().splitlines()
             why = f"its turn ended with an error ({lines[-1] if lines else 'no message'})"
@@ -774,8 +903,8 @@ class Turns:
         after.publish.append(session.session_id)
         if error is not None:
             after.failed.append((session.session_id, error))
-        if turn.webhook:  # only a turn that asked for a webhook leaves anything for one
-            include = bool(turn.webhook.get("include_messages"))
+        if _webhook_wants(turn.webhook, status.value):  # only then is anything kept for a webhook
+            include = bool(turn.webhook.get("include_messages"))  # type: ignore[union-attr]
             after.ended.append(
                 TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
                         messages=new_state if include else [], webhook=turn.webhook)
@@ -818,6 +947,7 @@ class Turns:
                 job = Job(
                     session_id=turn.session_id, turn_id=turn.turn_id, message=turn.message, state=list(session.state),
                     max_interrupts=self.max_interrupts, journal=tuple(sorted(turn.journal.values(), key=lambda e: e.seq)),
+                    grants=turn.grants,
                 )
                 turn.handle = Handle(session_id=turn.session_id, turn_id=turn.turn_id, job=job)
                 turn.last_heard = time.monotonic()
@@ -863,8 +993,14 @@ class Turns:
         if after.freed or after.queued:
             self._dispatch()
 
-    def _save(self, record: SessionRecord, entries: list[JournalEntry] | tuple[JournalEntry, ...] = ()) -> None:
-        self._commit(lambda: self.store.save(record, entries))
+    def _save(
+        self,
+        record: SessionRecord,
+        entries: list[JournalEntry] | tuple[JournalEntry, ...] = (),
+        events: list[Event] | tuple[Event, ...] = (),
+        audit: list[AuditRecord] | tuple[AuditRecord, ...] = (),
+    ) -> None:
+        self._commit(lambda: self.store.save(record, entries, events, audit))
 
     @staticmethod
     def _commit(write: Callable[[], None]) -> None:
@@ -876,23 +1012,23 @@ class Turns:
 
     # -- timers: turn deadlines and parking (housekeeping thread) -----------------------
 
-    def _schedule(self, when: float, kind: str, turn: Turn, monotonic: bool = False) -> None:
+    def _schedule(self, when: float, kind: str, turn: Turn, monotonic: bool = False, arg: int = 0) -> None:
         wall = when if not monotonic else self._clock() + (when - time.monotonic())
         with self._timers:
-            heapq.heappush(self._heap, (wall, next(self._counter), kind, turn))
+            heapq.heappush(self._heap, (wall, next(self._counter), kind, turn, arg))
             self._timers.notify_all()
 
     def _housekeep(self) -> None:
         sweep_every = min(max(self.ttl / 4, 0.05), 5.0) if self.ttl else None
         next_sweep = time.monotonic() + sweep_every if sweep_every else None
         while True:
-            due: list[tuple[str, Turn]] = []
+            due: list[tuple[str, Turn, int]] = []
             with self._timers:
                 while not self._stopped:
                     now = self._clock()
                     while self._heap and self._heap[0][0] <= now:
-                        _, _, kind, turn = heapq.heappop(self._heap)
-                        due.append((kind, turn))
+                        _, _, kind, turn, arg = heapq.heappop(self._heap)
+                        due.append((kind, turn, arg))
                     if due or (next_sweep is not None and time.monotonic() >= next_sweep):
                         break
                     waits = [self._heap[0][0] - now] if self._heap else []
@@ -901,10 +1037,12 @@ class Turns:
                     self._timers.wait(min(max(0.0, min(waits)), MAX_TIMER_WAIT) if waits else None)
                 if self._stopped:
                     return
-            for kind, turn in due:
+            for kind, turn, arg in due:
                 try:
                     if kind == "timeout":
                         self._time_out(turn)
+                    elif kind == "expire":
+                        self._expire(turn, arg)
                     elif kind == "retry":
                         self._retry_backlog(turn)
                     else:
@@ -934,6 +1072,31 @@ class Turns:
                 self._schedule(turn.deadline, "timeout", turn)
                 return
             self._end_locked(session, turn, error=TIMED_OUT, after=after)
+        self._finish(after)
+
+    def _expire(self, turn: Turn, seq: int) -> None:
+        """An interrupt's timeout passed: resolve it with its default, ``by`` timeout."""
+        with self._registry:
+            session = self._sessions.get(turn.session_id)
+        if session is None:
+            return
+        after = _After()
+        with session.lock:
+            if session.deleted or session.turn is not turn or session.status is not SessionStatus.INTERRUPTED:
+                return
+            pending = turn.pending()
+            entry = next((e for e in pending if e.seq == seq), None)
+            if entry is None or entry.expires_at is None:
+                return  # answered meanwhile
+            if entry.expires_at > self._clock():
+                self._schedule(entry.expires_at, "expire", turn, arg=seq)
+                return
+            try:
+                value = unpack(entry.default)
+                self._resolve_locked(session, turn, entry, len(pending) == 1, value, BY_TIMEOUT, after, expired=True)
+            except ServerUnavailable:
+                self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "expire", turn, monotonic=True, arg=seq)
+                return
         self._finish(after)
 
     def _park(self, turn: Turn) -> None:
@@ -970,3 +1133,39 @@ def _busy(turn: Turn | None) -> bool:
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1] if lines else "(no message)"
+
+
+def pending_interrupt(entry: JournalEntry) -> PendingInterrupt:
+    return PendingInterrupt(entry.ref or "", entry.payload or {}, entry.created_at, entry.expires_at)
+
+
+def interrupt_data(entry: JournalEntry) -> dict[str, Any]:
+    """An interrupt as events, webhooks and the inbox show it."""
+    return {
+        "interrupt_id": entry.ref or "",
+        "type": entry.label,
+        "payload": entry.payload or {},
+        "created_at": entry.created_at,
+        "expires_at": entry.expires_at,
+    }
+
+
+def remembered_tool(payload: dict[str, Any] | None, value: Any) -> str | None:
+    """The tool a resume value approves "for the session", if it does: an approval of a
+    ``tool_approval`` interrupt carrying ``"remember": "session"``."""
+    if not isinstance(payload, dict) or payload.get("type") != "tool_approval":
+        return None
+    tool = payload.get("tool_name")
+    if not isinstance(tool, str) or not isinstance(value, dict):
+        return None
+    if value.get("approved") is True and value.get("remember") == "session":
+        return tool
+    return None
+
+
+def _webhook_wants(webhook: dict[str, Any] | None, event: str) -> bool:
+    """Whether a message's webhook asked for ``event`` (the guide's default: idle, error)."""
+    if not webhook:
+        return False
+    wanted = webhook.get("events")
+    return event in (wanted if wanted is not None else ("idle", "error"))

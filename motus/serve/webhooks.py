@@ -1,10 +1,19 @@
 """Webhook delivery, off the request path, and kept from reaching where it should not.
 
-When a turn ends in ``idle`` or ``error`` (never on an interrupt) and its message asked for a
-webhook, the server POSTs ``{"session_id","status","response","error","messages"|null}`` to
-the URL, with ``Authorization: Bearer <token>`` when a token was given (else HTTP basic auth
-when the URL carries ``user:password@``). A failed delivery is logged and never changes the
-session; there are no retries.
+When a turn ends in ``idle`` or ``error`` and its message asked for a webhook, the server POSTs
+``{"session_id","status","response","error","messages"|null}`` to the URL, with
+``Authorization: Bearer <token>`` when a token was given (else HTTP basic auth when the URL
+carries ``user:password@``). A webhook may choose its events (``"events": ["interrupted",
+"idle", "error"]``; the default is the guide's idle and error); an ``interrupted`` delivery
+adds ``"interrupts"``, the turn's pending interrupts. A failed delivery is logged and never
+changes the session; there are no retries.
+
+**Signed** when the server has a secret (``--webhook-secret``): the body then also carries
+``"timestamp"`` (unix seconds), and the headers ``X-Motus-Timestamp`` (the same number) and
+``X-Motus-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes, keyed by the secret>``.
+A receiver recomputes the HMAC over the raw body, compares in constant time, and refuses a
+timestamp too far from its own clock (the body's timestamp is signed, so it cannot be
+replaced to replay an old delivery).
 
 **Checked when the message is posted** (``check_url``, used by the request schema, so a bad
 URL is refused with a message naming the problem): http or https only, a well-formed host
@@ -52,6 +61,8 @@ short, logs what was abandoned, and stops every delivery thread.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -447,15 +458,30 @@ def default_ssl_context() -> ssl.SSLContext:
         return _ssl_context
 
 
-def webhook_body(end: TurnEnd) -> dict[str, Any]:
+def webhook_body(end: TurnEnd, timestamp: int | None = None) -> dict[str, Any]:
     include = bool(end.webhook and end.webhook.get("include_messages"))
-    return {
+    body: dict[str, Any] = {
         "session_id": end.session_id,
         "status": end.status.value,
         "response": end.response,
         "error": end.error,
         "messages": end.messages if include else None,
     }
+    if end.interrupts is not None:
+        body["interrupts"] = end.interrupts
+    if timestamp is not None:
+        body["timestamp"] = timestamp
+    return body
+
+
+SECRET_ENV_VAR = "MOTUS_WEBHOOK_SECRET"
+SIGNATURE_HEADER = "X-Motus-Signature"
+TIMESTAMP_HEADER = "X-Motus-Timestamp"
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The ``X-Motus-Signature`` value for ``body``."""
+    return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
 
 
 def deliver(
@@ -467,9 +493,10 @@ def deliver(
     resolver: Resolver | None = None,
     ssl_context: ssl.SSLContext | None = None,
     cancel: _Cancel | None = None,
+    secret: str | None = None,
 ) -> bool:
-    """One attempt to POST ``end``'s webhook; True if delivered. Logs every failure; raises
-    nothing it expects (the sender catches the rest)."""
+    """One attempt to POST ``end``'s webhook (signed when ``secret`` is given); True if
+    delivered. Logs every failure; raises nothing it expects (the sender catches the rest)."""
     webhook = end.webhook or {}
     raw_url = webhook.get("url")
     try:
@@ -479,14 +506,17 @@ def deliver(
         log.warning("webhook for session %s to %s not sent: the URL or token %s", end.session_id, redact(raw_url), exc)
         return False
     shown = url.redacted()
+    timestamp = int(time.time()) if secret else None
     try:
-        body = json.dumps(webhook_body(end), allow_nan=False).encode("utf-8")
+        body = json.dumps(webhook_body(end, timestamp), allow_nan=False).encode("utf-8")
     except (ValueError, TypeError) as exc:
         log.warning("webhook for session %s to %s not sent: the body cannot be encoded as JSON (%s)", end.session_id, shown, type(exc).__name__)
         return False
     started = time.monotonic()
     try:
-        status, note = _attempt(url, body, webhook.get("token"), allow or Allow(), exposed, timeout, resolver, ssl_context, cancel or _Cancel())
+        signed = {TIMESTAMP_HEADER: str(timestamp), SIGNATURE_HEADER: sign(secret, body)} if secret else {}
+        status, note = _attempt(url, body, webhook.get("token"), allow or Allow(), exposed, timeout, resolver, ssl_context,
+                                cancel or _Cancel(), signed)
     except Refused as exc:
         log.warning("webhook for session %s to %s refused: %s", end.session_id, shown, exc)
         return False
@@ -530,6 +560,7 @@ def _attempt(
     resolver: Resolver | None,
     ssl_context: ssl.SSLContext | None,
     cancel: _Cancel,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, str | None]:
     deadline = _Deadline(timeout, cancel)
     addresses = _resolve(url, resolver or socket.getaddrinfo)
@@ -548,7 +579,7 @@ def _attempt(
             cancel.attach(sock)
             deadline.left(sock)
             tls.do_handshake()  # verifies the certificate against url.host, not the address
-        _send_all(sock, _request_head(url, token, len(body)) + body, deadline)
+        _send_all(sock, _request_head(url, token, len(body), headers) + body, deadline)
         return _read_response(sock, deadline)
     finally:
         cancel.detach()
@@ -592,7 +623,7 @@ def _connect(addresses: list[tuple[int, tuple[Any, ...]]], deadline: _Deadline, 
     raise DeliveryFailed("cannot connect: " + "; ".join(errors))
 
 
-def _request_head(url: WebhookURL, token: str | None, length: int) -> bytes:
+def _request_head(url: WebhookURL, token: str | None, length: int, headers: dict[str, str] | None = None) -> bytes:
     lines = [
         f"POST {url.target} HTTP/1.1",
         f"Host: {url.host_header}",
@@ -601,6 +632,7 @@ def _request_head(url: WebhookURL, token: str | None, length: int) -> bytes:
         "Content-Type: application/json",
         f"Content-Length: {length}",
         "Connection: close",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
     ]
     if token:
         lines.append(f"Authorization: Bearer {token}")
@@ -702,7 +734,9 @@ class WebhookSender:
         timeout: float = TIMEOUT_SECONDS,
         resolver: Resolver | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        secret: str | None = None,
     ) -> None:
+        self.secret = secret or None
         self.allow_entries = list(allow or ())
         self.allow = self._parse_allow(self.allow_entries)
         self.exposed = exposed
@@ -782,7 +816,7 @@ class WebhookSender:
             try:
                 deliver(
                     end, allow=self.allow, exposed=self.exposed, timeout=self.timeout,
-                    resolver=self._resolver, ssl_context=self._ssl_context, cancel=cancel,
+                    resolver=self._resolver, ssl_context=self._ssl_context, cancel=cancel, secret=self.secret,
                 )
             except BaseException as exc:  # noqa: BLE001 - nothing may end a delivery thread
                 log.error("webhook for session %s to %s failed unexpectedly: %s", session_id, _safe_redact(end), type(exc).__name__)

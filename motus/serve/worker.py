@@ -11,6 +11,7 @@ Guarantees:
 - The only traceback a session ever shows is the agent's own unhandled exception, with the
   worker's frames trimmed off so it starts at the agent's code.
 - A return value of the wrong shape fails the turn with a ``TypeError`` line naming it.
+- An agent the process cannot load fails the turn with one line saying so.
 - The process runs in its own process group, so the pool can end everything the agent
   started when the turn is cancelled.
 """
@@ -37,16 +38,23 @@ from motus.serve.protocol import Failure, Job, Result
 log = logging.getLogger(__name__)
 
 
-def worker_main(conn: Connection, agent_path: str | None, agent_obj: Any = None) -> None:
-    """Process entry point (``multiprocessing`` target)."""
+def worker_main(conn: Connection, agent_path: str | None, agent_blob: bytes | None = None) -> None:
+    """Process entry point (``multiprocessing`` target). The agent comes by import path, or
+    pickled (``agent_blob``): it is unpickled here, not by ``multiprocessing``, so an agent
+    that cannot be loaded fails its turn with a message instead of killing the process."""
     os.setpgrp()
     # Ctrl-C in a terminal is the server's business: it cancels turns itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        agent = agent_obj if agent_path is None else load_agent(agent_path)
+        if agent_path is not None:
+            agent = load_agent(agent_path)
+        elif agent_blob is not None:
+            agent = pickle.loads(agent_blob)
+        else:
+            raise RuntimeError("the worker was given no agent")
         load_error = None
     except Exception as exc:  # reported with the job, so the session shows it
-        agent, load_error = None, f"{type(exc).__name__}: {exc}"
+        agent, load_error = None, f"Could not load the agent in the worker process: {type(exc).__name__}: {exc}"
     loop = asyncio.new_event_loop()
     _warm_up(loop)
     try:
@@ -122,7 +130,7 @@ def _run_on(loop: asyncio.AbstractEventLoop, main: Any) -> Any:
 
 
 async def _run_job(conn: Connection, agent: Any, job: Job) -> Result | Failure:
-    channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts)
+    channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts, grants=job.grants)
     journal = Journal(job.journal, channel)
     interrupt_module._install(channel)
     journal_module._install(journal)

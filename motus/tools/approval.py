@@ -14,13 +14,24 @@ and reads the resume value (see :func:`parse_approval`):
   actually ran.
 * ``{"approved": false}``, a missing ``approved``, or any value of the wrong shape (not
   an object, ``approved`` not a bool, ``tool_args`` not an object) raises
-  :class:`ToolRejected`; the model sees ``{"error": "User rejected <tool>"}``, or
+  :class:`~motus.guardrails.ToolRejected` (defined with the other guardrail verdicts, and
+  importable from here and from :mod:`motus.tools` too); the model sees ``{"error": "User rejected <tool>"}``, or
   ``"User rejected <tool>: <reason>"`` when the rejection carries a string ``reason``.
   A malformed value never crashes the turn: refusing is the safe reading.
 
 ``requires_approval`` may also be a callable (sync or async) that receives the tool
 arguments it declares and returns whether this call needs a person; ``False`` runs
 the tool without pausing.
+
+**Remembered grants.** An approval carrying ``"remember": "session"`` approves this call and
+every later call of the tool in the same session: the gate then lets them through without a
+pause (a predicate gate still consults its predicate first, so a call it waves through is
+never asked). The server records the grant (``GET /sessions/{id}/grants``); revoking it
+takes effect from the session's next turn.
+
+**Expiry.** ``approval_timeout=S`` gives the approval a deadline: if nobody answers within S
+seconds, the server resolves it as a rejection with the reason ``Approval timed out after S
+s`` (recorded as resolved by ``timeout``), so an abandoned approval never runs the tool.
 """
 
 from __future__ import annotations
@@ -32,21 +43,11 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from motus.guardrails import Guardrail, ToolInputGuardrailTripped, call_with_declared
+from motus.guardrails import Guardrail, ToolRejected, call_with_declared
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ToolRejected", "ApprovalDecision", "EditedArguments", "parse_approval", "approval_gate"]
-
-
-class ToolRejected(ToolInputGuardrailTripped):
-    """The person declined a gated tool call. The model sees ``{"error": str(self)}``."""
-
-    def __init__(self, tool_name: str, reason: str | None = None) -> None:
-        message = f"User rejected {tool_name}" + (f": {reason}" if reason else "")
-        super().__init__(message)
-        self.tool_name = tool_name
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -81,19 +82,35 @@ def parse_approval(value: Any) -> ApprovalDecision:
     return ApprovalDecision(approved=True, tool_args=tool_args)
 
 
-def approval_gate(tool_name: str, requires_approval: bool | Callable[..., Any] = True) -> Guardrail:
+def timed_out_reason(seconds: float) -> str:
+    return f"Approval timed out after {seconds:g} s"
+
+
+def approval_gate(
+    tool_name: str, requires_approval: bool | Callable[..., Any] = True, approval_timeout: float | None = None
+) -> Guardrail:
     """Build the input guardrail that asks a person before ``tool_name`` runs."""
 
     async def approval(**arguments: Any) -> dict[str, Any] | None:
         if callable(requires_approval) and not await call_with_declared(requires_approval, arguments):
             return None
-        from motus.serve.interrupt import interrupt  # worker-only machinery, imported when needed
+        from motus.serve.interrupt import interrupt, session_grants  # worker-only machinery
 
+        grants = session_grants()
+        if tool_name in grants:
+            return None  # approved for the session earlier
         shown = to_jsonable_python(arguments)
-        value = await interrupt({"type": "tool_approval", "tool_name": tool_name, "tool_args": shown})
+        payload = {"type": "tool_approval", "tool_name": tool_name, "tool_args": shown}
+        if approval_timeout is None:
+            value = await interrupt(payload)
+        else:
+            rejected = {"approved": False, "reason": timed_out_reason(approval_timeout)}
+            value = await interrupt(payload, timeout=approval_timeout, default=rejected)
         decision = parse_approval(value)
         if not decision.approved:
-            raise ToolRejected(tool_name, decision.reason)
+            raise ToolRejected.by_user(tool_name, decision.reason)
+        if isinstance(value, dict) and value.get("remember") == "session":
+            grants.add(tool_name)
         if decision.tool_args is not None and decision.tool_args != {k: shown.get(k) for k in decision.tool_args}:
             return EditedArguments(decision.tool_args)
         return None

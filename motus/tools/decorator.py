@@ -89,7 +89,7 @@ class Tool:
     """A function a model may call, with its schema, guardrails and approval policy.
 
     Attributes:
-        name: what the model calls it.
+        name: what the model calls it (also ``__tool_name__``, as in the reference product).
         description: what the model is told it does.
         parameters: the JSON schema of its arguments.
         input_guardrails: the full input chain, approval gate first when there is one.
@@ -106,6 +106,7 @@ class Tool:
         requires_approval: bool | Callable[..., Any] = False,
         input_guardrails: Sequence[Guardrail] = (),
         output_guardrails: Sequence[Guardrail] = (),
+        approval_timeout: float | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"tool() needs a function, got {type(fn).__name__}")
@@ -121,11 +122,21 @@ class Tool:
         self.arguments_model = schema if schema is not None else arguments_model(fn, f"{self.name}_arguments")
         self.parameters = json_schema(self.arguments_model)
         self.requires_approval = requires_approval
-        gate = [approval_gate(self.name, requires_approval)] if requires_approval else []
+        if approval_timeout is not None:
+            if isinstance(approval_timeout, bool) or not isinstance(approval_timeout, (int, float)) or not (
+                0 < approval_timeout < float("inf")
+            ):
+                raise ValueError(f"approval_timeout must be a finite number of seconds > 0, got {approval_timeout!r}")
+            if not requires_approval:
+                raise ValueError("approval_timeout needs requires_approval: a tool nobody approves cannot time out")
+        self.approval_timeout = approval_timeout
+        gate = [approval_gate(self.name, requires_approval, approval_timeout)] if requires_approval else []
         self.input_guardrails: list[Guardrail] = [*gate, *input_guardrails]
         self.output_guardrails: list[Guardrail] = list(output_guardrails)
         self._passes_model = schema is not None and self._takes_model_instance(fn, schema)
         functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
+        #: The name the model calls it by, where the reference product's code looks for it.
+        self.__tool_name__ = self.name
 
     @staticmethod
     def _takes_model_instance(fn: Callable[..., Any], schema: type[BaseModel]) -> bool:
@@ -260,6 +271,7 @@ def tool(
     requires_approval: bool | Callable[..., Any] = ...,
     input_guardrails: Sequence[Guardrail] = ...,
     output_guardrails: Sequence[Guardrail] = ...,
+    approval_timeout: float | None = ...,
 ) -> Tool: ...
 @overload
 def tool(
@@ -272,6 +284,7 @@ def tool(
     requires_approval: bool | Callable[..., Any] = ...,
     input_guardrails: Sequence[Guardrail] = ...,
     output_guardrails: Sequence[Guardrail] = ...,
+    approval_timeout: float | None = ...,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -280,7 +293,8 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Call
 
     Options: ``name``, ``description`` (default: the docstring), ``schema`` (a pydantic
     model for the arguments instead of the type hints), ``requires_approval`` (``True``
-    or a predicate over the arguments), ``input_guardrails``, ``output_guardrails``.
+    or a predicate over the arguments), ``approval_timeout`` (seconds before an unanswered
+    approval is rejected), ``input_guardrails``, ``output_guardrails``.
     """
     if fn is not None:
         return Tool(fn, **options)

@@ -15,6 +15,7 @@ def test_custom_interrupt_answered_with_json(open_chat, ui_server):
     chat.send("color")
     card = chat.card("The agent is waiting: color_picker")
     expect(card).to_be_visible()
+    expect(card.locator(".card-custom-title")).to_have_text("Brand color")
     expect(card.locator(".card-prompt")).to_have_text("Pick a brand color for the export")
     expect(card.locator("pre.payload")).to_contain_text('"prompt": "Pick a brand color for the export"')
     expect(card.locator("pre.payload")).to_contain_text('"#4ECDC4"')

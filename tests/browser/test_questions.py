@@ -12,6 +12,11 @@ pytestmark = pytest.mark.browser
 QUESTION = "How would you like to organize the files?"
 
 
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two bounding boxes share any area."""
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
 def test_answer_a_question_by_button_then_with_other(open_chat, example_server):
     chat = open_chat(example_server).open()
     chat.send("help me organize my downloads")
@@ -24,20 +29,38 @@ def test_answer_a_question_by_button_then_with_other(open_chat, example_server):
     expect(by_type).to_have_accessible_description("Group files by extension downloads/ jpg/holiday_photo.jpg pdf/invoice_2024.pdf dmg/installer.dmg")
     assert chat.unlabelled_controls() == []
 
-    # The option's markdown preview shows in a monospace box on hover only.
+    # The option's markdown preview shows in a monospace box on hover only, and never over
+    # the "Other" field.
     preview = card.locator(".preview")
+    other = card.get_by_label("Other (type your own answer)")
     expect(preview).to_be_hidden()
     by_type.hover()
     expect(preview).to_be_visible()
     expect(preview).to_have_text("downloads/\n  jpg/holiday_photo.jpg\n  pdf/invoice_2024.pdf\n  dmg/installer.dmg")
     assert "mono" in preview.evaluate("e => getComputedStyle(e).fontFamily").lower()
+    assert not overlap(preview.bounding_box(), other.bounding_box()), "the preview covers the Other field"
     chat.shot("question-preview")
 
+    # Choosing closes it, though the pointer and the focus are still on the option.
     by_type.click()
     expect(by_type).to_have_attribute("aria-pressed", "true")
     expect(by_type).to_have_accessible_name("By type")
+    expect(by_type).to_be_focused()
+    expect(preview).to_be_hidden()
+    # It says plainly that a choice is not sent until "Send answer".
+    send = card.get_by_role("button", name="Send answer")
+    expect(send).to_have_accessible_description("Choosing an option does not send it: press “Send answer”.")
+    expect(card.get_by_text("Choosing an option does not send it")).to_be_visible()
+    assert chat.resume_posts() == []
     chat.shot("question-chosen")
-    card.get_by_role("button", name="Send answer").click()
+    # Once the pointer and the focus have left the option, hovering shows the preview again.
+    other.click()
+    by_type.hover()
+    expect(preview).to_be_visible()
+    assert not overlap(preview.bounding_box(), other.bounding_box())
+    card.get_by_role("heading").hover()  # away from the option: the preview folds, Send stays put
+    expect(preview).to_be_hidden()
+    send.click()
     expect(chat.reply(f"you answered {QUESTION} -> By type.")).to_be_visible()
 
     # "Other": typing your own answer replaces the chosen option.
@@ -69,12 +92,25 @@ def test_multiselect_and_every_question_needs_an_answer(open_chat, ui_server):
     chat.shot("multiselect")
 
     card.get_by_role("button", name="Send answers").click()
-    expect(card.get_by_role("alert")).to_have_text('Answer every question first: "Size" has no answer yet.')
+    error = card.locator(".card-error")
+    expect(error).to_have_text('Answer every question first: "Size" has no answer yet.')
     expect(card.get_by_role("button", name="Small")).to_be_focused()
     assert chat.resume_posts() == []
     chat.shot("unanswered-question")
 
+    # The error follows the answers: it names what is still missing, and goes once nothing is.
+    toppings.get_by_label("Other (added to your choices)").fill("")
+    for box in toppings.get_by_role("checkbox").all():
+        box.uncheck()
+    expect(error).to_have_text('Answer every question first: "Toppings" has no answer yet.')
+    toppings.get_by_role("checkbox", name="Cheese").check()
+    expect(error).to_have_text('Answer every question first: "Size" has no answer yet.')
     card.get_by_role("button", name="Large").click()
+    expect(error).to_be_empty()
+    expect(error).to_be_hidden()
+    expect(card.get_by_text("answer every question, then press “Send answers”")).to_be_visible()
+    toppings.get_by_role("checkbox", name="Olives").check()
+    toppings.get_by_label("Other (added to your choices)").fill("Basil")
     card.get_by_role("button", name="Send answers").click()
     expected = {"Which toppings do you want?": "Cheese, Olives, Basil", "Which size?": "Large"}
     expect(chat.reply("answers=" + json.dumps(expected, sort_keys=True))).to_be_visible()
@@ -93,7 +129,13 @@ def test_keyboard_alone_is_enough(open_chat, example_server):
 
     # Focus moves to the card when it arrives; Tab walks its options.
     card = chat.card("The agent has a question")
-    expect(card.get_by_role("heading")).to_be_focused()
+    heading = card.get_by_role("heading")
+    expect(heading).to_be_focused()
+    # The focus shows around the whole card, not as a box around the heading's text (which
+    # looks like a field to type into).
+    assert heading.evaluate("e => getComputedStyle(e).outlineStyle") == "none"
+    assert card.evaluate("e => getComputedStyle(e).boxShadow") != "none"
+    chat.shot("keyboard-card-focus")
     page.keyboard.press("Tab")
     expect(card.get_by_role("button", name="By date")).to_be_focused()
     page.keyboard.press("Tab")

@@ -17,7 +17,7 @@ def test_the_server_serves_the_page_and_no_ui_turns_it_off(start_server):
     assert page.status_code == 200
     assert page.headers["Content-Type"].startswith("text/html")
     assert page.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
-    for asset in ("app.js", "style.css", "favicon.svg"):
+    for asset in ("app.js", "dom.js", "cards.js", "loop.js", "style.css", "favicon.svg"):
         assert server.get(f"/ui/{asset}").status_code == 200
     assert server.get("/ui/nope.js").status_code == 404
     # The API is untouched by the UI's headers.

@@ -50,13 +50,49 @@ def test_create_list_switch_reload_and_delete_sessions(open_chat, ui_server):
     expect(chat.reply("echo: second")).to_be_visible()
     assert chat.session_id == second
 
+    # An idle session is deleted at once: there is nothing in progress to lose.
     page.get_by_role("button", name="Delete session").click()
+    expect(page.get_by_role("dialog")).to_have_count(0)
     expect(sessions).to_have_count(1)
     expect(page).to_have_url(f"{ui_server.url}/ui/")
     expect(page.get_by_text("Type a message below to start a new chat")).to_be_visible()
     assert ui_server.get(f"/sessions/{second}").status_code == 404
     assert [s["session_id"] for s in ui_server.get("/sessions").json()] == [first]
     chat.shot("deleted")
+
+
+def test_deleting_a_session_that_waits_for_an_answer_asks_first(open_chat, ui_server):
+    chat = open_chat(ui_server).open()
+    page = chat.page
+    chat.send("survey")
+    expect(chat.card("The agent has 2 questions")).to_be_visible()
+    sid = chat.session_id
+    delete = page.get_by_role("button", name="Delete session")
+
+    delete.click()
+    dialog = page.get_by_role("dialog", name="Delete this session?")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("The agent is waiting for your answer in this session.")
+    expect(dialog.get_by_role("button", name="Keep the session")).to_be_focused()
+    chat.shot("delete-confirmation")
+    dialog.get_by_role("button", name="Keep the session").click()
+    expect(dialog).to_be_hidden()
+    expect(delete).to_be_focused()
+    assert ui_server.get(f"/sessions/{sid}").json()["status"] == "interrupted"
+    expect(chat.card("The agent has 2 questions")).to_be_visible()
+
+    # Escape keeps it too; "Delete anyway" deletes.
+    delete.click()
+    expect(dialog).to_be_visible()
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    assert ui_server.get(f"/sessions/{sid}").status_code == 200
+    delete.click()
+    dialog.get_by_role("button", name="Delete anyway").click()
+    expect(page).to_have_url(f"{ui_server.url}/ui/")
+    assert ui_server.get(f"/sessions/{sid}").status_code == 404
+    deletes = [r for r in chat.requests if r.method == "DELETE" and r.url.endswith(sid)]
+    assert len(deletes) == 1, 'only "Delete anyway" sent a DELETE'
 
 
 def test_a_session_deleted_elsewhere_is_reported(open_chat, ui_server):

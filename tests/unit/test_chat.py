@@ -8,7 +8,7 @@ import json
 import pytest
 
 from motus.client import SKIP, ClientError, InterruptInfo, NotFound, Unauthorized
-from motus.serve.chat import (
+from motus.client.chat import (
     OTHER_LABEL,
     Console,
     answer_interrupt,
@@ -81,10 +81,35 @@ def test_tool_approval_yes_no_reason_and_edit() -> None:
     console, _, _ = scripted("n", "too risky")
     assert answer_interrupt(info(APPROVAL), console) == {"approved": False, "reason": "too risky"}
 
+    # Edits are merged over the agent's arguments, shown merged, and sent merged.
     console, out, _ = scripted("e", "not json", "[1]", '{"path": "/tmp/new.txt"}', "yes")
-    assert answer_interrupt(info(APPROVAL), console) == {"approved": True, "tool_args": {"path": "/tmp/new.txt"}}
-    assert "Not valid JSON" in out.getvalue() and "must be a JSON object" in out.getvalue()
-    assert "  path: /tmp/new.txt" in out.getvalue()
+    merged = {"path": "/tmp/new.txt", "force": True}
+    assert answer_interrupt(info(APPROVAL), console) == {"approved": True, "tool_args": merged}
+    shown = out.getvalue()
+    assert "Not valid JSON" in shown and "must be a JSON object" in shown
+    assert 'Current arguments: {"path": "/tmp/old_logs.txt", "force": true}\n' in shown
+    assert "With your edits it runs with:\n  path: /tmp/new.txt\n  force: true\n" in shown
+
+    # An edit that changes nothing approves the agent's own arguments.
+    console, out, _ = scripted("e", '{"force": true}', "y")
+    assert answer_interrupt(info(APPROVAL), console) == {"approved": True}
+    assert "Unchanged: it runs with the agent's arguments:" in out.getvalue()
+
+
+def test_several_pending_interrupts_are_numbered() -> None:
+    console, out, _ = scripted("y")
+    answer_interrupt(info(APPROVAL), console, (1, 2))
+    assert "\nApproval 1 of 2\n\nThe agent wants to run: delete_file" in out.getvalue()
+    console, out, _ = scripted("1", "1")
+    answer_interrupt(info(QUESTIONS), console, (2, 3))
+    assert out.getvalue().startswith("\nQuestion 2 of 3\n")
+    console, out, _ = scripted('"x"')
+    answer_interrupt(info(CUSTOM), console, (3, 3))
+    assert out.getvalue().startswith("\nRequest 3 of 3\n")
+    # Alone, an interrupt is not numbered.
+    console, out, _ = scripted("y")
+    answer_interrupt(info(APPROVAL), console, (1, 1))
+    assert " of " not in out.getvalue()
 
 
 SPOOFED_PATH = "important.db\r  path: old_logs.txt"
@@ -107,7 +132,7 @@ def test_tool_approval_shows_control_and_bidi_characters_escaped() -> None:
 
     # Editing starts from the arguments as JSON that still decodes to the same values.
     console, out, _ = scripted("e", "", "y")
-    assert answer_interrupt(info(payload), console) == {"approved": True, "tool_args": payload["tool_args"]}
+    assert answer_interrupt(info(payload), console) == {"approved": True}
     line = out.getvalue().split("Current arguments: ", 1)[1].split("\n", 1)[0]
     assert json.loads(line) == payload["tool_args"]
     assert "\\u202e" in line and "\u202e" not in line
@@ -136,12 +161,13 @@ def test_questions_and_custom_payloads_are_escaped() -> None:
     assert "| a\\x1b[31m\n" in shown and "| b\\u2028c\n" in shown
     assert not any(c in shown for c in "\r\x1b\u202e\u2028")
 
-    custom = {"type": "color\x1b]8;;http://evil\x07", "prompt": "pick\u202e\x85"}
+    custom = {"type": "color\x1b]8;;http://evil\x07", "title": "T\u2066\nx", "prompt": "pick\u202e\x85\nnext"}
     console, out, err = scripted('"x"')
     assert answer_interrupt(info(custom), console) == "x"
-    assert "[warn] unknown interrupt type: color\\x1b]8;;http://evil\\x07" in err.getvalue()
-    assert json.loads(out.getvalue().split("Answer with")[0]) == custom
-    assert not any(c in out.getvalue() + err.getvalue() for c in "\x1b\x07\u202e\x85")
+    shown = out.getvalue()
+    assert "[color\\x1b]8;;http://evil\\x07] T\\u2066\\nx\npick\\u202e\\x85\nnext\n{" in shown
+    assert json.loads("{" + shown.split("\n{", 1)[1].split("Your answer")[0]) == custom
+    assert not any(c in shown + err.getvalue() for c in "\x1b\x07\u202e\u2066\x85")
 
 
 def test_user_input_single_multi_and_other() -> None:
@@ -165,15 +191,29 @@ def test_user_input_single_multi_and_other() -> None:
     assert out.getvalue().count("Your answer: ") == 3
 
 
-def test_unknown_type_warns_and_takes_json_or_skips() -> None:
-    console, out, err = scripted("nope", '{"hex": "#4ECDC4"}')
+def test_custom_interrupt_shows_its_prompt_and_takes_json_text_or_skips() -> None:
+    # Text that is meant as JSON (it starts like JSON) is asked again, not sent as text.
+    console, out, err = scripted('{"hex": "#4ECDC4"', '{"hex": "#4ECDC4"}')
     assert answer_interrupt(info(CUSTOM), console) == {"hex": "#4ECDC4"}
-    assert "[warn] unknown interrupt type: color_picker" in err.getvalue()
-    assert '"prompt": "Pick a brand color"' in out.getvalue()
-    assert "Not valid JSON" in out.getvalue()
+    assert err.getvalue() == "", "a custom interrupt is not a warning"
+    assert out.getvalue().startswith("\n[color_picker] Pick a brand color\n{\n")
+    assert '"presets": [' in out.getvalue()
+    assert "Not valid JSON (Expecting ',' delimiter); fix it, or answer with plain text." in out.getvalue()
+
+    # Plain text is sent as a string, and the chat says so; JSON scalars stay JSON.
+    console, out, _ = scripted("blue please")
+    assert answer_interrupt(info(CUSTOM), console) == "blue please"
+    assert '(Not JSON, so it is sent as the string "blue please".)' in out.getvalue()
+    console, _, _ = scripted("42")
+    assert answer_interrupt(info(CUSTOM), console) == 42
+
+    console, out, _ = scripted("ok")
+    assert answer_interrupt(info({"type": "confirm_export"}), console) == "ok"
+    assert out.getvalue().startswith("\n[confirm_export] The agent is waiting for an answer.\n")
 
     console, _, err = scripted("")
     assert answer_interrupt(info(CUSTOM), console) is SKIP
+    assert "[info] interrupt left unanswered" in err.getvalue()
 
 
 def test_malformed_user_input_falls_back_to_json() -> None:

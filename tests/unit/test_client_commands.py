@@ -7,7 +7,7 @@ import pytest
 
 from motus.client import InterruptInfo, SessionResponse, SessionSummary
 from motus.models import ChatMessage, FunctionCall, ToolCall
-from motus.serve.client_commands import coerce_value, format_message, format_session, format_sessions, parse_params
+from motus.client.commands import coerce_value, format_message, format_session, format_sessions, parse_params
 
 
 @pytest.mark.parametrize(

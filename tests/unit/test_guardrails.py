@@ -134,8 +134,10 @@ def test_resume_values_of_any_shape_are_read_safely(value: object, decision: App
 
 
 def test_tool_rejected_message() -> None:
-    assert str(ToolRejected("delete_file")) == "User rejected delete_file"
-    assert str(ToolRejected("delete_file", "not that one")) == "User rejected delete_file: not that one"
+    assert str(ToolRejected("user said no")) == "user said no"
+    assert str(ToolRejected.by_user("delete_file")) == "User rejected delete_file"
+    assert str(ToolRejected.by_user("delete_file", "not that one")) == "User rejected delete_file: not that one"
+    assert ToolRejected.by_user("delete_file", "why").tool_name == "delete_file"
     assert isinstance(ToolRejected("x"), ToolInputGuardrailTripped)
 
 

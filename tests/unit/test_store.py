@@ -15,6 +15,8 @@ from motus.serve.journal import pack, unpack
 from motus.serve.protocol import INTERRUPT, MODEL, TOOL, JournalEntry
 from motus.serve.store import (
     SCHEMA_VERSION,
+    AuditRecord,
+    Event,
     MemoryStore,
     SessionRecord,
     StoreError,
@@ -314,3 +316,101 @@ def test_default_store_url_is_named_after_the_agent() -> None:
     assert default_store_url("my agents/x y:bot") == "sqlite:///.motus/my_agents_x_y.bot.sqlite3"
     assert default_store_url(None) == "memory"
     assert default_store_url("") == "memory"
+
+
+# -- version 2: events, audit, grants, interrupt deadlines ------------------------------------
+
+_VERSION_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE sessions (session_id TEXT PRIMARY KEY, status TEXT NOT NULL, state TEXT NOT NULL, response TEXT,
+    error TEXT, turn_id INTEGER NOT NULL, touched REAL NOT NULL, turn TEXT);
+CREATE TABLE journal (session_id TEXT NOT NULL, turn_id INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+    key TEXT NOT NULL, label TEXT NOT NULL, done INTEGER NOT NULL, value BLOB, ref TEXT, payload TEXT,
+    answered_at REAL, answered_by TEXT, parent INTEGER, PRIMARY KEY (session_id, turn_id, seq));
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO sessions VALUES ('old', 'interrupted', '[]', NULL, NULL, 1, 1767225600.0,
+    '{"message": {"role": "user", "content": "hi"}, "webhook": null, "deadline": null}');
+INSERT INTO journal VALUES ('old', 1, 1, 'interrupt', '{}', 'confirm', 0, NULL, 'int-old', '{"type": "confirm"}',
+    NULL, NULL, NULL);
+"""
+
+
+def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_sessions(db_path: Path) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(_VERSION_1)
+    conn.close()
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    try:
+        [record] = list(store.load())
+        assert record.session_id == "old" and record.grants == {} and record.turn is not None
+        [entry] = record.turn.journal
+        assert (entry.ref, entry.created_at, entry.expires_at, entry.default) == ("int-old", None, None, None)
+        assert record.turn.grants == ()
+        store.save(session("old", grants={"delete_file": {"by": "ops", "at": 1.0}}),
+                   events=[Event("old", "grant", {"tool_name": "delete_file"}, at=1.0)])
+    finally:
+        store.close()
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    conn.close()
+    assert reopen_path(db_path)[0].grants == {"delete_file": {"by": "ops", "at": 1.0}}
+
+
+def reopen_path(db_path: Path) -> list[SessionRecord]:
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    try:
+        return list(store.load())
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_events_get_increasing_seqs_and_are_read_after_a_cursor(kind: str, db_path: Path) -> None:
+    store = MemoryStore() if kind == "memory" else SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    try:
+        assert store.event_bounds() == (0, 0)
+        events = [Event(sid, "status", {"n": n}, at=float(n)) for n, sid in enumerate(["a", "b", "a", "b", "a"])]
+        last = store.save(session("a"), events=events[:3])
+        assert last == 3 and [e.seq for e in events[:3]] == [1, 2, 3]
+        assert store.delete("b", events[3:]) == 5
+        assert store.save(session("a")) == 0  # no events: nothing assigned
+        assert [e.seq for e in store.events_after(0)] == [1, 2, 3, 4, 5]
+        assert [e.seq for e in store.events_after(2, "a")] == [3, 5]
+        assert [e.data for e in store.events_after(0, "b", limit=1)] == [{"n": 1}]
+        assert store.events_after(5) == []
+        assert store.event_bounds() == (1, 5)
+    finally:
+        store.close()
+
+
+def test_old_events_are_pruned_and_bounds_say_so(db_path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path), events_kept=10)
+    store.open()
+    try:
+        for n in range(1000):
+            store.save(session("a"), events=[Event("a", "status", {"n": n}, at=0.0)])
+        oldest, newest = store.event_bounds()
+        assert newest == 1000 and oldest == 991
+        assert [e.seq for e in store.events_after(0)][:1] == [991]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_audit_records_are_kept_per_session_in_order_and_go_with_it(kind: str, db_path: Path) -> None:
+    store = MemoryStore() if kind == "memory" else SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    try:
+        first = AuditRecord("a", "resolved", 1.0, "ops", {"interrupt_id": "i1", "value": {"approved": True}})
+        second = AuditRecord("a", "grant", 2.0, "ops", {"tool_name": "t"})
+        store.save(session("a"), audit=[first])
+        store.save(session("a"), audit=[second])
+        store.save(session("b"), audit=[AuditRecord("b", "revoke", 3.0, "x", {})])
+        assert store.audit("a") == [first, second]
+        store.delete("a")
+        assert store.audit("a") == [] and len(store.audit("b")) == 1
+    finally:
+        store.close()

@@ -13,8 +13,8 @@ from motus.cli import main
 from motus.client import InterruptInfo, SessionResponse, SessionSummary
 from motus.models import ChatMessage
 from motus.models.messages import FunctionCall, ToolCall
-from motus.serve.chat import visible, visible_json
-from motus.serve.client_commands import format_message, format_session, format_sessions
+from motus.client.chat import visible, visible_json
+from motus.client.commands import format_message, format_session, format_sessions
 from tests.integration.client.stub_http import StubServer
 
 #: Every character that must never reach a terminal raw.

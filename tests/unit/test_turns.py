@@ -99,31 +99,31 @@ class RecordingPool:
         return [message for h, message in self.sent if h is handle]
 
 
-class FailingStore(Store):
+class FailingStore(MemoryStore):
     """A store whose writes fail while ``failing`` is set (a full disk, say)."""
 
     kind = "failing"
     durable = False
 
     def __init__(self) -> None:
+        super().__init__()
         self.failing = False
         self.saved: list[SessionRecord] = []
 
-    def load(self) -> Iterator[SessionRecord]:
-        return iter(())
-
-    def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = ()) -> None:
+    def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = (), events=(), audit=()) -> int:  # type: ignore[no-untyped-def]
         if self.failing:
             raise OSError("disk full")
         self.saved.append(record)
+        return super().save(record, entries, events, audit)
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         if self.failing:
             raise OSError("disk full")
 
-    def delete(self, session_id: str) -> None:
+    def delete(self, session_id: str, events=()) -> int:  # type: ignore[no-untyped-def]
         if self.failing:
             raise OSError("disk full")
+        return super().delete(session_id, events)
 
 
 MakeTurns = Callable[..., tuple[Turns, RecordingPool]]

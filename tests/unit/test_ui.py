@@ -35,7 +35,7 @@ def test_index_is_the_page_with_a_strict_policy(client):
         body = response.get_data()
     assert response.status_code == 200
     assert response.mimetype == "text/html"
-    assert b'<script src="app.js" defer></script>' in body
+    assert b'<script type="module" src="app.js"></script>' in body
     policy = response.headers["Content-Security-Policy"]
     assert policy == CONTENT_SECURITY_POLICY
     assert "default-src 'self'" in policy and "script-src 'self'" in policy
@@ -44,7 +44,10 @@ def test_index_is_the_page_with_a_strict_policy(client):
     assert "no-cache" in response.headers["Cache-Control"]
 
 
-@pytest.mark.parametrize(("name", "mimetype"), [("app.js", "text/javascript"), ("style.css", "text/css"), ("favicon.svg", "image/svg+xml")])
+@pytest.mark.parametrize(
+    ("name", "mimetype"),
+    [("app.js", "text/javascript"), ("cards.js", "text/javascript"), ("style.css", "text/css"), ("favicon.svg", "image/svg+xml")],
+)
 def test_assets_are_served_with_the_policy(client, name, mimetype):
     with client.get(f"/ui/{name}") as response:
         pass
@@ -77,13 +80,30 @@ def test_static_files_reference_no_other_origin():
 
 def test_page_has_no_inline_script_or_handlers():
     html = (STATIC_DIR / "index.html").read_text()
-    assert re.findall(r"<script[^>]*>", html) == ['<script src="app.js" defer>']
+    assert re.findall(r"<script[^>]*>", html) == ['<script type="module" src="app.js">']
     assert not re.search(r"\son[a-z]+\s*=", html)
     assert "style=" not in html
 
 
 def test_script_never_writes_html():
-    """Everything from the agent is inserted as text; the script has no HTML sinks at all."""
-    script = (STATIC_DIR / "app.js").read_text()
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert sink not in script, sink
+    """Everything from the agent is inserted as text; no module has an HTML sink at all."""
+    modules = sorted(STATIC_DIR.glob("*.js"))
+    assert len(modules) > 1
+    for module in modules:
+        script = module.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in script, (module.name, sink)
+
+
+def test_modules_import_only_modules_that_ship():
+    """The page's modules import each other by relative path only, and every import exists:
+    a missing file would break the page in every browser, with no build step to catch it."""
+    modules = {path.name: path.read_text() for path in STATIC_DIR.glob("*.js")}
+    imported = {"app.js"}
+    for name, script in modules.items():
+        assert "require(" not in script, name
+        for target in re.findall(r"""^import\s[^;]*?from\s+["']([^"']+)["'];""", script, flags=re.M | re.S):
+            assert target.startswith("./") and "/" not in target[2:], (name, target)
+            assert target[2:] in modules, (name, target)
+            imported.add(target[2:])
+    assert imported == set(modules), f"modules nothing imports: {set(modules) - imported}"

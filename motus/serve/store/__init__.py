@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 
-from motus.serve.store.base import SCHEMA_VERSION, SessionRecord, Store, StoreError, TurnRecord
+from motus.serve.store.base import EVENTS_KEPT, SCHEMA_VERSION, AuditRecord, Event, SessionRecord, Store, StoreError, TurnRecord
 from motus.serve.store.memory import MemoryStore
 
-__all__ = ["SCHEMA_VERSION", "SessionRecord", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
+__all__ = ["EVENTS_KEPT", "AuditRecord", "Event", "SCHEMA_VERSION", "SessionRecord", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
 
 
 def default_store_url(agent_path: str | None) -> str:

@@ -23,8 +23,13 @@ from typing import Any
 
 from motus.serve.protocol import JournalEntry
 
-#: The schema version this code writes and understands.
-SCHEMA_VERSION = 1
+#: The schema version this code writes and understands. 2 added the event log, the audit
+#: records, a session's grants, and an interrupt's creation time, expiry and default.
+SCHEMA_VERSION = 2
+
+#: How many events a store keeps for clients that reconnect (``Last-Event-ID``); older ones
+#: are pruned, and a client asking for them is told to reload (a ``reset`` event).
+EVENTS_KEPT = 100_000
 
 
 class StoreError(Exception):
@@ -40,6 +45,33 @@ class TurnRecord:
     webhook: dict[str, Any] | None = None
     deadline: float | None = None  # wall-clock time.time(); survives restarts
     journal: list[JournalEntry] = field(default_factory=list)
+    #: The session's grants when the turn started: a replay must see the same ones.
+    grants: tuple[str, ...] = ()
+
+
+@dataclass
+class Event:
+    """One change clients can watch (``GET /events``): committed with the change itself, in
+    the same transaction, so an event is never seen for a change a crash took back.
+    ``seq`` is assigned by the store when it commits: strictly increasing, never reused."""
+
+    session_id: str
+    kind: str  # status | interrupt | resolved | message | error | grant | revoke | deleted
+    data: dict[str, Any]
+    at: float  # wall clock
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """Who decided what: an interrupt resolved (by a key's name or ``timeout``), a grant
+    given or revoked. Kept for as long as the session; survives restarts when durable."""
+
+    session_id: str
+    kind: str  # resolved | grant | revoke
+    at: float
+    by: str
+    data: dict[str, Any]
 
 
 @dataclass
@@ -52,6 +84,8 @@ class SessionRecord:
     turn_id: int
     touched: float  # wall-clock time of the last write
     turn: TurnRecord | None = None
+    #: Remembered approvals: tool name -> {"by": key name, "at": wall clock}.
+    grants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Store(ABC):
@@ -79,16 +113,41 @@ class Store(ABC):
         """Every session, with its live turn and that turn's journal."""
 
     @abstractmethod
-    def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = ()) -> None:
+    def save(
+        self,
+        record: SessionRecord,
+        entries: Sequence[JournalEntry] = (),
+        events: Sequence[Event] = (),
+        audit: Sequence[AuditRecord] = (),
+    ) -> int:
         """Write the session (and its live turn's row, or no turn) plus ``entries`` of the
-        live turn's journal (inserted or replaced by ``seq``), atomically. A session
-        without a live turn keeps no journal. ``record.state`` None keeps the stored
-        history (it must exist: a session is first saved with its state)."""
+        live turn's journal (inserted or replaced by ``seq``), ``events`` and ``audit``
+        records, atomically. A session without a live turn keeps no journal.
+        ``record.state`` None keeps the stored history (it must exist: a session is first
+        saved with its state). Sets each event's ``seq``; returns the last one (0 without events)."""
 
     @abstractmethod
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         """Insert or replace journal records of a live turn, atomically."""
 
     @abstractmethod
-    def delete(self, session_id: str) -> None:
-        """Forget the session and its journal."""
+    def delete(self, session_id: str, events: Sequence[Event] = ()) -> int:
+        """Forget the session, its journal and its audit records; append ``events``.
+        Returns the last event seq (0 without events)."""
+
+    @abstractmethod
+    def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
+        """Events with ``seq > after`` (of one session, or all), oldest first."""
+
+    @abstractmethod
+    def event_bounds(self) -> tuple[int, int]:
+        """(the oldest seq still kept, the newest seq); (0, 0) when there are none. A
+        client whose ``Last-Event-ID`` is below oldest - 1 has missed pruned events."""
+
+    @abstractmethod
+    def audit(self, session_id: str) -> list[AuditRecord]:
+        """The session's audit records, oldest first."""
+
+    def prune_events(self, keep: int = EVENTS_KEPT) -> int:
+        """Drop all but the newest ``keep`` events; returns how many were dropped."""
+        return 0

@@ -30,7 +30,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from motus.serve.protocol import JournalEntry
-from motus.serve.store.base import SCHEMA_VERSION, SessionRecord, Store, StoreError, TurnRecord
+from motus.serve.store.base import (
+    EVENTS_KEPT,
+    SCHEMA_VERSION,
+    AuditRecord,
+    Event,
+    SessionRecord,
+    Store,
+    StoreError,
+    TurnRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +53,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     error TEXT,
     turn_id INTEGER NOT NULL,
     touched REAL NOT NULL,
-    turn TEXT
+    turn TEXT,
+    grants TEXT
 );
 CREATE TABLE IF NOT EXISTS journal (
     session_id TEXT NOT NULL,
@@ -60,9 +70,38 @@ CREATE TABLE IF NOT EXISTS journal (
     answered_at REAL,
     answered_by TEXT,
     parent INTEGER,
+    created_at REAL,
+    expires_at REAL,
+    default_value BLOB,
     PRIMARY KEY (session_id, turn_id, seq)
 );
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_session ON events (session_id, seq);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    by TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_session ON audit (session_id, id);
 """
+
+#: Columns version 2 added to tables version 1 already had (``ALTER TABLE ... ADD COLUMN``).
+_ADDED_IN_2 = {
+    "sessions": (("grants", "TEXT"),),
+    "journal": (("created_at", "REAL"), ("expires_at", "REAL"), ("default_value", "BLOB")),
+}
+
+#: Events are pruned (down to ``EVENTS_KEPT``) once every this many inserts.
+_PRUNE_EVERY = 1000
 
 
 def _dumps(value: Any) -> str | None:
@@ -79,8 +118,9 @@ class SqliteStore(Store):
     kind = "sqlite"
     durable = True
 
-    def __init__(self, url: str, path: str, synchronous: str = "full") -> None:
+    def __init__(self, url: str, path: str, synchronous: str = "full", events_kept: int = EVENTS_KEPT) -> None:
         self.url = url
+        self.events_kept = events_kept
         self.path = os.path.abspath(path)
         self.synchronous = "NORMAL" if synchronous == "normal" else "FULL"
         self._lock = threading.Lock()
@@ -146,8 +186,9 @@ class SqliteStore(Store):
             self._check_version(conn)  # before anything is written: a refused file stays as it was
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._migrate(conn)
             conn.executescript(_SCHEMA)
-            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"Store {self.path} is not a usable SQLite database ({exc}); move it away or choose another --store") from None
@@ -171,6 +212,19 @@ class SqliteStore(Store):
                 f"({SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
             )
 
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Bring a version 1 file up to date in place: add the new columns (the new tables
+        are created by the schema script). Nothing is removed, so a failure leaves a file
+        version 1 can still read."""
+        for table, columns in _ADDED_IN_2.items():
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                continue  # a new file: the schema script creates the table whole
+            for name, kind in columns:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -191,19 +245,20 @@ class SqliteStore(Store):
             journals: dict[str, list[JournalEntry]] = {}
             for row in db.execute(
                 "SELECT j.session_id, j.seq, j.kind, j.key, j.label, j.done, j.value, j.ref, j.payload, "
-                "j.answered_at, j.answered_by, j.parent FROM journal j JOIN sessions s "
+                "j.answered_at, j.answered_by, j.parent, j.created_at, j.expires_at, j.default_value FROM journal j JOIN sessions s "
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id ORDER BY j.session_id, j.seq"
             ):
                 journals.setdefault(row[0], []).append(
                     JournalEntry(
                         seq=row[1], kind=row[2], key=row[3], label=row[4], done=bool(row[5]), value=row[6],
                         ref=row[7], payload=_loads(row[8]), answered_at=row[9], answered_by=row[10], parent=row[11],
+                        created_at=row[12], expires_at=row[13], default=row[14],
                     )
                 )
             rows = db.execute(
-                "SELECT session_id, status, state, response, error, turn_id, touched, turn FROM sessions ORDER BY touched"
+                "SELECT session_id, status, state, response, error, turn_id, touched, turn, grants FROM sessions ORDER BY touched"
             ).fetchall()
-        for session_id, status, state, response, error, turn_id, touched, turn in rows:
+        for session_id, status, state, response, error, turn_id, touched, turn, grants in rows:
             live = _loads(turn)
             yield SessionRecord(
                 session_id=session_id,
@@ -219,39 +274,56 @@ class SqliteStore(Store):
                     webhook=live.get("webhook"),
                     deadline=live.get("deadline"),
                     journal=journals.get(session_id, []),
+                    grants=tuple(live.get("grants") or ()),
                 ),
+                grants=_loads(grants) or {},
             )
 
-    def save(self, record: SessionRecord, entries: Sequence[JournalEntry] = ()) -> None:
+    def save(
+        self,
+        record: SessionRecord,
+        entries: Sequence[JournalEntry] = (),
+        events: Sequence[Event] = (),
+        audit: Sequence[AuditRecord] = (),
+    ) -> int:
         turn = record.turn
-        turn_json = None if turn is None else _dumps({"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline})
+        turn_json = None if turn is None else _dumps(
+            {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline, "grants": list(turn.grants)}
+        )
+        grants = _dumps(record.grants) if record.grants else None
         with self._lock:
             db = self._db()
             try:
                 db.execute("BEGIN IMMEDIATE")
                 if record.state is None:
                     db.execute(
-                        "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ? "
-                        "WHERE session_id = ?",
+                        "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
+                        "grants = ? WHERE session_id = ?",
                         (record.status, _dumps(record.response), record.error, record.turn_id, record.touched,
-                         turn_json, record.session_id),
+                         turn_json, grants, record.session_id),
                     )
                 else:
                     db.execute(
-                        "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, turn) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
+                        "turn, grants) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (record.session_id, record.status, _dumps(record.state), _dumps(record.response), record.error,
-                         record.turn_id, record.touched, turn_json),
+                         record.turn_id, record.touched, turn_json, grants),
                     )
                 if turn is None:
                     db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
                 else:
                     db.execute("DELETE FROM journal WHERE session_id = ? AND turn_id <> ?", (record.session_id, turn.turn_id))
                     self._put_entries(db, record.session_id, turn.turn_id, entries)
+                db.executemany(
+                    "INSERT INTO audit (session_id, kind, at, by, data) VALUES (?, ?, ?, ?, ?)",
+                    [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
+                )
+                last = self._put_events(db, events)
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
                 raise
+        return last
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         with self._lock:
@@ -268,25 +340,73 @@ class SqliteStore(Store):
     def _put_entries(db: sqlite3.Connection, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         db.executemany(
             "INSERT OR REPLACE INTO journal (session_id, turn_id, seq, kind, key, label, done, value, ref, payload, "
-            "answered_at, answered_by, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "answered_at, answered_by, parent, created_at, expires_at, default_value) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (session_id, turn_id, e.seq, e.kind, e.key, e.label, int(e.done), e.value, e.ref, _dumps(e.payload),
-                 e.answered_at, e.answered_by, e.parent)
+                 e.answered_at, e.answered_by, e.parent, e.created_at, e.expires_at, e.default)
                 for e in entries
             ],
         )
 
-    def delete(self, session_id: str) -> None:
+    def _put_events(self, db: sqlite3.Connection, events: Sequence[Event]) -> int:
+        """Insert ``events`` (inside the caller's transaction), set their seqs, prune now and
+        then; returns the newest seq (0 when there were none)."""
+        for event in events:
+            cursor = db.execute(
+                "INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
+                (event.session_id, event.kind, _dumps(event.data), event.at),
+            )
+            event.seq = int(cursor.lastrowid or 0)
+            if event.seq % _PRUNE_EVERY == 0:
+                db.execute("DELETE FROM events WHERE seq <= ?", (event.seq - self.events_kept,))
+        return events[-1].seq if events else 0
+
+    def delete(self, session_id: str, events: Sequence[Event] = ()) -> int:
         with self._lock:
             db = self._db()
             try:
                 db.execute("BEGIN IMMEDIATE")
                 db.execute("DELETE FROM journal WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM audit WHERE session_id = ?", (session_id,))
+                last = self._put_events(db, events)
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
                 raise
+        return last
+
+    def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
+        with self._lock:
+            db = self._db()
+            if session_id is None:
+                rows = db.execute(
+                    "SELECT seq, session_id, kind, data, at FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+                ).fetchall()
+            else:
+                rows = db.execute(
+                    "SELECT seq, session_id, kind, data, at FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (session_id, after, limit),
+                ).fetchall()
+        return [Event(session_id=row[1], kind=row[2], data=_loads(row[3]), at=row[4], seq=row[0]) for row in rows]
+
+    def event_bounds(self) -> tuple[int, int]:
+        with self._lock:
+            db = self._db()
+            low, high = db.execute("SELECT min(seq), max(seq) FROM events").fetchone()
+            if high is None:
+                row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+                last = int(row[0]) if row else 0
+                return (last + 1, last) if last else (0, 0)
+        return int(low), int(high)
+
+    def audit(self, session_id: str) -> list[AuditRecord]:
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT kind, at, by, data FROM audit WHERE session_id = ? ORDER BY id", (session_id,)
+            ).fetchall()
+        return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=_loads(row[3])) for row in rows]
 
 
 def _rollback(db: sqlite3.Connection) -> None:

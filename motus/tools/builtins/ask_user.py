@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from motus.tools.decorator import tool
 
-__all__ = ["QuestionOption", "Question", "AskUserQuestionInput", "ask_user_question"]
+__all__ = ["QuestionOption", "Question", "AskUserQuestionInput", "AskUserQuestionSchema", "ask_user_question"]
 
 
 class QuestionOption(BaseModel):
@@ -57,6 +57,10 @@ class AskUserQuestionInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     questions: list[Question] = Field(min_length=1, max_length=4, description="1 to 4 questions to ask.")
+
+
+#: The reference product's name for the input model.
+AskUserQuestionSchema = AskUserQuestionInput
 
 
 @tool(name="ask_user_question", schema=AskUserQuestionInput)

@@ -86,6 +86,35 @@ class Terminal:
     def ctrl_c(self) -> None:
         os.write(self._master, b"\x03")
 
+    def ctrl_c_at_prompt(self, timeout: float = 20.0) -> None:
+        """Press Ctrl-C once the chat is blocked reading the terminal.
+
+        The prompt is on the screen a moment before the read starts, and CPython's readline
+        looks at signals only when its ``select()`` is interrupted: a Ctrl-C that lands in
+        that moment waits for the next key. A person is never that fast; a test is.
+        """
+        self.wait_reading(timeout)
+        self.ctrl_c()
+
+    def wait_reading(self, timeout: float = 20.0) -> None:
+        """Wait until the chat's main thread is blocked reading its terminal (fd 0): in
+        ``select()`` on it (readline), or in ``read()`` of it (no readline). Linux only."""
+        deadline = time.monotonic() + timeout
+        path = f"/proc/{self.process.pid}/syscall"
+        while True:
+            with open(path) as file:
+                fields = file.read().split()
+            # select/pselect6 with nfds 1 (fd 0 alone), or read of fd 0
+            if fields[:2] in (["23", "0x1"], ["270", "0x1"], ["0", "0x0"]):
+                return
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise AssertionError(f"the chat never waited for input; output:\n{self.text()}")
+            select.select([], [], [], 0.005)  # a short pause between two looks at /proc
+
+    def send_eof(self) -> None:
+        """Press Ctrl-D at the start of a line: end of input."""
+        os.write(self._master, b"\x04")
+
     def wait_exit(self, timeout: float = 20.0) -> int:
         """Read the rest of the output and return the exit status."""
         deadline = time.monotonic() + timeout

@@ -19,7 +19,7 @@ from motus.cli import main
 from motus.models import ChatMessage
 from motus.serve.interrupt import interrupt
 
-from tests.conftest import ROOT, Server, free_port, server_env, server_factory
+from tests.conftest import ROOT, Server, free_port, server_env, server_factory, wait_until
 from tests.integration.client.terminal import Terminal
 
 AGENT = "tests.client_agents:hitl"
@@ -87,7 +87,25 @@ def exists(server: Server, session_id: str) -> bool:
 
 def banner(chat: Terminal) -> str:
     """Wait for the REPL's banner; return the id of the session it chats in."""
-    return chat.expect(r"\(session ([0-9a-f-]+)\)\. Type /quit or press Ctrl-D to leave\.").group(1)
+    return chat.expect(r"\(session ([0-9a-f-]+)\)\. Type /quit or press Ctrl-D to leave; the session is kept\.").group(1)
+
+
+def pending_ids(server: Server, session_id: str) -> list[str]:
+    """The ids of the session's pending interrupts; the session must be ``interrupted``."""
+    session = server.get(f"/sessions/{session_id}").json()
+    assert session["status"] == "interrupted", session
+    return [item["interrupt_id"] for item in session["interrupts"]]
+
+
+def kept(chat: Terminal, server: Server, session_id: str) -> None:
+    """The chat said the session is kept and how to rejoin it, and it is there."""
+    chat.expect_literal(f"Session kept: {session_id}.")
+    chat.expect_literal(f"Rejoin it with: motus serve chat {server.url} --session {session_id}")
+    assert exists(server, session_id)
+
+
+#: Readline keys, as a terminal sends them: erase the character before the cursor.
+BACKSPACE = "\x7f"
 
 
 def test_approve_reject_with_reason_and_edit_arguments(server, terminal) -> None:
@@ -111,23 +129,41 @@ def test_approve_reject_with_reason_and_edit_arguments(server, terminal) -> None
     chat.send("too risky")
     chat.expect_literal(got({"approved": False, "reason": "too risky"}))
 
+    # Editing starts from the current arguments on the line (readline), so changing one
+    # value is a few keys; the merged arguments are shown, then sent.
     chat.expect_literal("> ")
     chat.send("approve")
     chat.expect_literal("Approve? [y/N] ")
     chat.send("e")
-    chat.expect_literal("New arguments as a JSON object (Enter to keep): ")
-    chat.send('{"path": "/tmp/new.txt"}')
-    chat.expect_literal("Edited arguments:\n  path: /tmp/new.txt")
+    chat.expect_literal("keys you give replace the agent's, the others keep its values.")
+    chat.expect_literal('Arguments (Enter keeps them): {"path": "/tmp/old_logs.txt", "force": true}')
+    chat.send(BACKSPACE * len("true}") + "false}")
+    chat.expect_literal("With your edits it runs with:\n  path: /tmp/old_logs.txt\n  force: false\n")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("e")
+    # Keys typed replace the agent's; the others keep their values (as the server merges).
+    chat.expect_literal("Arguments (Enter keeps them): ")
+    chat.send("\x15" + '{"path": "/tmp/new.txt"}')  # Ctrl-U empties the line first
+    chat.expect_literal("With your edits it runs with:\n  path: /tmp/new.txt\n  force: false\n")
     chat.expect_literal("Approve? [y/N] ")
     chat.send("y")
-    chat.expect_literal(got({"approved": True, "tool_args": {"path": "/tmp/new.txt"}}))
+    chat.expect_literal(got({"approved": True, "tool_args": {"path": "/tmp/new.txt", "force": False}}))
+
+    # History: the up arrow brings back an earlier line at the prompt.
+    chat.expect_literal("> ")
+    chat.send("echo this")
+    chat.expect_literal(got({"content": "echo this", "user_params": None}))
+    chat.expect_literal("> ")
+    chat.send("\x10")  # Ctrl-P (the up arrow): the previous line, sent again
+    chat.expect_literal(got({"content": "echo this", "user_params": None}))
 
     chat.expect_literal("> ")
     chat.send("/quit")
+    kept(chat, server, session_id)
     assert chat.wait_exit() == 0
     assert b"| working" in chat.raw, "the spinner never showed on the terminal"
     assert "Traceback" not in chat.text()
-    assert not exists(server, session_id), "the chat did not delete the session it created"
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
 def test_control_and_bidi_characters_from_the_agent_are_shown_escaped(spoof_server, terminal) -> None:
@@ -135,6 +171,15 @@ def test_control_and_bidi_characters_from_the_agent_are_shown_escaped(spoof_serv
     chat.expect_literal("The agent wants to run: delete_file\\x1b[8m\n")
     chat.expect_literal("  path: important.db\\r  path: old_logs.txt\n")
     chat.expect_literal("  note: \\x1b]0;owned\\x07\\x1b[2Jrun \\u202etxt.exe\n")
+    chat.expect_literal("Approve? [y/N] ")
+    # The arguments offered for editing are escaped JSON too, and Enter keeps them as they are.
+    chat.send("e")
+    chat.expect_literal(
+        'Arguments (Enter keeps them): {"path": "important.db\\r  path: old_logs.txt", '
+        '"note": "\\u001b]0;owned\\u0007\\u001b[2Jrun \\u202etxt.exe"}'
+    )
+    chat.send("")
+    chat.expect_literal("Unchanged: it runs with the agent's arguments:\n  path: important.db\\r  path: old_logs.txt\n")
     chat.expect_literal("Approve? [y/N] ")
     chat.send("y")
     chat.expect_literal('done\\r\\x1b[1A\\x1b[2Kall fine {"approved": true}\n\\u202egnp.exe')
@@ -186,16 +231,25 @@ def test_pick_option_several_options_and_other_answers(server, terminal) -> None
     assert chat.wait_exit() == 0
 
 
-def test_unknown_type_answered_with_json_and_two_pending_interrupts(server, terminal) -> None:
+def test_custom_interrupt_answered_with_plain_text_and_two_pending_interrupts(server, terminal) -> None:
     chat = terminal(server.url)
+    session_id = banner(chat)
     chat.expect_literal("> ")
     chat.send("custom")
-    chat.expect_literal("[warn] unknown interrupt type: color_picker")
-    chat.expect_literal('"prompt": "Pick a brand color"')
-    chat.expect_literal("Answer with a JSON value (Enter to skip): ")
-    chat.send("blue")
+    # The payload's own prompt first, no warning: a custom interrupt is a normal thing.
+    chat.expect_literal("[color_picker] Pick a brand color\n{")
+    chat.expect_literal('"presets": [')
+    chat.expect_literal("Your answer (JSON, or plain text to send as a string; Enter to leave it unanswered): ")
+    chat.send('{"hex": "#4ECDC4"')  # starts like JSON: a typo, so asked again
     chat.expect_literal("Not valid JSON")
-    chat.expect_literal("Answer with a JSON value (Enter to skip): ")
+    chat.expect_literal("Your answer (JSON, or plain text")
+    chat.send("teal, please")
+    chat.expect_literal('(Not JSON, so it is sent as the string "teal, please".)')
+    chat.expect_literal(got("teal, please"))
+
+    chat.expect_literal("> ")
+    chat.send("custom")
+    chat.expect_literal("Your answer (JSON, or plain text")
     chat.send('{"hex": "#4ECDC4"}')
     chat.expect_literal(got({"hex": "#4ECDC4"}))
 
@@ -216,65 +270,211 @@ def test_unknown_type_answered_with_json_and_two_pending_interrupts(server, term
     chat.expect_literal(got([answers["tool_a"], answers["tool_b"]]))
     assert sorted(asked) == ["tool_a", "tool_b"], "each pending interrupt is asked exactly once"
     assert chat.text().count("Approve? [y/N]") == 2
+    assert "unknown interrupt type" not in chat.text()
 
     # Skipping leaves the turn paused; the next message asks again before it is sent.
     chat.expect_literal("> ")
     chat.send("custom")
-    chat.expect_literal("Answer with a JSON value (Enter to skip): ")
+    chat.expect_literal("Your answer (JSON, or plain text")
     chat.send("")
-    chat.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s); your next message asks again")
+    chat.expect_literal("[info] interrupt left unanswered")
+    chat.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s); press Enter to answer now, or your next message asks again")
     chat.expect_literal("> ")
     chat.send("hello")
     chat.expect_literal("[info] the previous turn is still waiting; finishing it first")
-    chat.expect_literal("Answer with a JSON value (Enter to skip): ")
+    chat.expect_literal("Your answer (JSON, or plain text")
     chat.send("null")
     chat.expect_literal(got(None))
     chat.expect_literal(got({"content": "hello", "user_params": None}))
 
     chat.expect_literal("> ")
     chat.send("/quit")
+    kept(chat, server, session_id)
     assert chat.wait_exit() == 0
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
-def test_ctrl_c_during_a_turn_deletes_the_session_and_exits_cleanly(server, terminal) -> None:
+def test_several_pending_approvals_are_numbered(server, terminal) -> None:
+    """Two approvals pending before the chat looks: "Approval 1 of 2", then "2 of 2"."""
+    session_id = server.create_session()
+    server.send(session_id, "two")
+    wait_until(lambda: len(server.get(f"/sessions/{session_id}").json().get("interrupts") or []) == 2, what="both interrupts")
+
+    chat = terminal(server.url, "--session", session_id)
+    chat.expect_literal("[info] finishing the turn in progress first")
+    chat.expect_literal("Approval 1 of 2\n\nThe agent wants to run: ")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("y")
+    chat.expect_literal("Approval 2 of 2\n\nThe agent wants to run: ")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("y")
+    chat.expect_literal(got([{"approved": True}, {"approved": True}]))
+    chat.expect_literal("> ")
+    chat.send("/quit")
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+#: Every question the chat can be at when Ctrl-C comes: the message, what is typed at
+#: which prompt before it, the prompt itself, and the prompt that Enter brings back.
+PROMPTS = {
+    "approve": ("approve", [], "Approve? [y/N] ", "Approve? [y/N] "),
+    "reason": ("approve", [("Approve? [y/N] ", "n")], "Reason (optional, Enter to skip): ", "Approve? [y/N] "),
+    "edit": ("approve", [("Approve? [y/N] ", "e")], "Arguments (Enter keeps them): ", "Approve? [y/N] "),
+    "choice": ("ask", [], "Choice: ", "Choice: "),
+    "other": ("ask", [("Choice: ", "4")], "Your answer: ", "Choice: "),
+    "custom": ("custom", [], "Your answer (JSON, or plain text", "Your answer (JSON, or plain text"),
+}
+
+
+@pytest.mark.parametrize("where", list(PROMPTS))
+def test_ctrl_c_at_a_question_answers_nothing_and_keeps_the_session(server, terminal, where) -> None:
+    message, keys, prompt, again = PROMPTS[where]
     chat = terminal(server.url)
     session_id = banner(chat)
     chat.expect_literal("> ")
-    chat.send("hang")
+    chat.send(message)
+    for before, key in keys:
+        chat.expect_literal(before)
+        chat.send(key)
+    chat.expect_literal(prompt)
+    waiting = pending_ids(server, session_id)
+    chat.ctrl_c_at_prompt()
+    chat.expect_literal("[info] not answered: the agent is still waiting for it.")
+    chat.expect_literal("> ")
+    assert pending_ids(server, session_id) == waiting, "Ctrl-C answered the interrupt"
+
+    # Enter goes back to the question; this time Ctrl-C twice leaves, and still answers nothing.
+    chat.send("")
+    chat.expect_literal(again)
+    chat.ctrl_c_at_prompt()
+    chat.expect_literal("> ")
+    chat.ctrl_c_at_prompt()
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert "Traceback" not in chat.text()
+    assert pending_ids(server, session_id) == waiting
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+def test_ctrl_c_at_the_idle_prompt_cancels_and_a_second_one_leaves(server, terminal) -> None:
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send("hello")
+    chat.expect_literal(got({"content": "hello", "user_params": None}))
+    chat.expect_literal("> ")
+    chat.ctrl_c_at_prompt()
+    chat.expect_literal("[info] press Ctrl-C again or Ctrl-D to leave (the session is kept), or type a message")
+    chat.expect_literal("> ")
+    chat.send("still here")  # the chat goes on, and the count starts again
+    chat.expect_literal(got({"content": "still here", "user_params": None}))
+    chat.expect_literal("> ")
+    chat.ctrl_c_at_prompt()
+    chat.expect_literal("[info] press Ctrl-C again")
+    chat.expect_literal("> ")
+    chat.ctrl_c_at_prompt()
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert server.get(f"/sessions/{session_id}/messages").json()[-1]["content"] == got({"content": "still here", "user_params": None})
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+def test_ctrl_c_while_the_agent_works_stops_waiting_only(server, terminal, tmp_path) -> None:
+    gate = tmp_path / "gate"
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send(f"gate {gate}")
     chat.read_raw_until(b" working")  # the turn is running: the spinner shows
     chat.ctrl_c()
-    chat.expect_literal("Interrupted.")
+    chat.expect_literal("[info] stopped waiting; the turn goes on in the session. Press Enter to wait for it again")
+    chat.expect_literal("> ")
+    assert server.get(f"/sessions/{session_id}").json()["status"] == "running"
+    gate.touch()
+    chat.send("")  # wait for it again: the turn ended meanwhile, or ends now
+    chat.expect_literal(got("opened"))
+    chat.expect_literal("> ")
+    chat.send_eof()
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+def test_delete_is_explicit_and_asks_while_a_turn_waits(server, terminal) -> None:
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send("approve")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.ctrl_c_at_prompt()
+    chat.expect_literal("> ")
+    chat.send("/delete")
+    chat.expect_literal("A turn is waiting for an answer; deleting the session cancels it. Delete it? [y/N] ")
+    chat.send("")
+    chat.expect_literal("[info] the session is kept")
+    assert pending_ids(server, session_id)
+    chat.expect_literal("> ")
+    chat.send("/delete")
+    chat.expect_literal("Delete it? [y/N] ")
+    chat.send("y")
     chat.expect_literal(f"Deleted session {session_id}.")
-    assert chat.wait_exit() == 130
-    assert "Traceback" not in chat.text()
+    assert chat.wait_exit() == 0
+    assert "Session kept" not in chat.text()
     assert not exists(server, session_id)
 
 
-def test_ctrl_c_at_a_prompt_with_keep_leaves_the_session(server, terminal) -> None:
+def test_leaving_without_sending_deletes_the_empty_session(server, terminal) -> None:
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send_eof()
+    chat.expect_literal(f"[info] nothing was sent, so the empty session {session_id} was deleted")
+    assert chat.wait_exit() == 0
+    assert not exists(server, session_id)
+
+
+def test_one_shot_ctrl_c_keeps_the_session_and_answers_nothing(server, terminal, tmp_path) -> None:
     before = session_ids(server)
-    chat = terminal(server.url, "approve", "--keep")
+    chat = terminal(server.url, "approve")
     chat.expect_literal("Approve? [y/N] ")
     [session_id] = session_ids(server) - before
-    chat.ctrl_c()
+    waiting = pending_ids(server, session_id)
+    chat.ctrl_c_at_prompt()
     chat.expect_literal("Interrupted.")
-    chat.expect_literal(f"Session kept: {session_id}")
+    kept(chat, server, session_id)
     assert chat.wait_exit() == 130
     assert "Traceback" not in chat.text()
-    assert server.get(f"/sessions/{session_id}").json()["status"] == "interrupted"
+    assert pending_ids(server, session_id) == waiting
+
+    # While the agent works: the turn goes on, the session stays.
+    gate = tmp_path / "gate"
+    chat = terminal(server.url, f"gate {gate}")
+    chat.read_raw_until(b" working")
+    [running] = session_ids(server) - before - {session_id}
+    chat.ctrl_c()
+    chat.expect_literal("Interrupted.")
+    kept(chat, server, running)
+    assert chat.wait_exit() == 130
+    assert server.get(f"/sessions/{running}").json()["status"] == "running"
+    for sid in (session_id, running):
+        assert server.delete(f"/sessions/{sid}").status_code == 204
 
 
 def test_skipped_interrupt_is_answered_later_by_joining_with_session(server, terminal) -> None:
-    first = terminal(server.url, "custom", "--keep")
-    first.expect_literal("Answer with a JSON value (Enter to skip): ")
+    first = terminal(server.url, "custom")
+    first.expect_literal("Your answer (JSON, or plain text")
     first.send("")
     first.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
-    session_id = first.expect(r"Session kept: ([0-9a-f-]+)").group(1)
+    session_id = first.expect(r"Session kept: ([0-9a-f-]+)\. A turn is still in progress in it\.").group(1)
+    first.expect_literal(f"Rejoin it with: motus serve chat {server.url} --session {session_id}")
     assert first.wait_exit() == 1
 
     joined = terminal(server.url, "--session", session_id)
     joined.expect_literal("[info] finishing the turn in progress first")
-    joined.expect_literal("[warn] unknown interrupt type: color_picker")
-    joined.expect_literal("Answer with a JSON value (Enter to skip): ")
+    joined.expect_literal("[color_picker] Pick a brand color")
+    joined.expect_literal("Your answer (JSON, or plain text")
     joined.send('"#FFE66D"')
     joined.expect_literal(got("#FFE66D"))
     joined.expect_literal("> ")
@@ -282,8 +482,9 @@ def test_skipped_interrupt_is_answered_later_by_joining_with_session(server, ter
     joined.expect_literal(got({"content": "hello", "user_params": None}))
     joined.expect_literal("> ")
     joined.send("/quit")
+    kept(joined, server, session_id)
     assert joined.wait_exit() == 0
-    assert exists(server, session_id), "a joined session must never be deleted"
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
 def test_one_shot_without_a_terminal(server) -> None:
@@ -314,10 +515,19 @@ def test_one_shot_answers_errors_and_exit_statuses(server) -> None:
     result = run(server.url, "fail")
     assert (result.exit_code, result.stdout, result.stderr) == (1, "", "Error: ValueError: boom\n")
 
+    assert session_ids(server) == before, "one-shot chats delete their sessions once the turn ended"
+
+    # Input that ends at a question leaves the approval unanswered, and the session kept.
     result = run(server.url, "approve", stdin="")
     assert result.exit_code == 1
-    assert result.stderr == "\nError: input ended while an answer was expected.\n"
-    assert session_ids(server) == before, "one-shot chats delete their sessions"
+    [kept_id] = session_ids(server) - before
+    assert result.stderr == (
+        "\nError: input ended while an answer was expected.\n"
+        f"Session kept: {kept_id}. A turn is still in progress in it. Rejoin it with: "
+        f"motus serve chat {server.url} --session {kept_id}\n"
+    )
+    assert server.get(f"/sessions/{kept_id}").json()["status"] == "interrupted"
+    assert server.delete(f"/sessions/{kept_id}").status_code == 204
 
     result = run(server.url, "hi", "--session", "no-such-session")
     assert result.exit_code == 1 and result.stderr.startswith("Error: 404 Not Found: ")
@@ -352,8 +562,10 @@ def test_example_requests_client(server) -> None:
     result = run("two", "y\ny\n")
     assert result.stdout.endswith(got([{"approved": True}, {"approved": True}]) + "\n")
     result = run("custom", '{"hex": "#000"}\n')
-    assert "[warn] unknown interrupt type: color_picker" in result.stdout
+    assert "Pick a brand color" in result.stdout
     assert result.stdout.endswith(got({"hex": "#000"}) + "\n")
+    result = run("custom", "teal\n")
+    assert result.stdout.endswith(got("teal") + "\n")
     result = run("fail", "")
     assert result.returncode == 1 and result.stderr.rstrip().endswith("ValueError: boom")
     assert session_ids(server) == before, "the example deletes its session"

@@ -53,7 +53,7 @@ def test_health(server: Server) -> None:
     lines = ok("health", server.url).stdout.splitlines()
     assert lines[0] == "status: ok" and "max_workers: 2" in lines
     data = json.loads(ok("health", server.url, "--json").stdout)
-    assert data["status"] == "ok" and set(data) == {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns"}
+    assert data["status"] == "ok" and set(data) == {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns", "open_streams"}
 
 
 def test_session_lifecycle_in_text_and_json(server: Server) -> None:

@@ -603,7 +603,7 @@ def _bump_schema_version(db: Path) -> None:
         key_column = columns[row.index("schema_version")]
         [value_column] = [c for c in columns if c != key_column]
         current = row[columns.index(value_column)]
-        assert int(current) == 1, current
+        assert int(current) >= 1, current
         newer = str(int(current) + 1) if isinstance(current, str) else int(current) + 1
         conn.execute(f'UPDATE meta SET "{value_column}" = ? WHERE "{key_column}" = ?', (newer, "schema_version"))
         conn.commit()

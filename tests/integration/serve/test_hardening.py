@@ -243,6 +243,6 @@ def test_a_body_of_whitespace_is_not_json(server: Server) -> None:
     """Only a truly empty body means "no body" (found by the fuzz: "\\r\\n\\r\\n" created a session)."""
     before = count_sessions(server)
     response = raw_post(server, "/sessions", b"\r\n\r\n", {"Content-Type": "application/json"})
-    assert response.status_code == 400 and "Malformed JSON" in response.json()["detail"]
+    assert response.status_code == 422 and "Malformed JSON" in response.json()["detail"]
     assert count_sessions(server) == before
     assert raw_post(server, "/sessions", b"", {"Content-Type": "application/json"}).status_code == 201

@@ -224,7 +224,7 @@ def test_wrong_return_type(start_server) -> None:
     session_id = server.create_session()
     server.send(session_id, "hi")
     error = server.wait_for_status(session_id, "error")["error"]
-    assert error.startswith("TypeError: Agent returned str 'just a string'")
+    assert error.startswith("TypeError: Agent must return a (response, state) tuple, got str: Agent returned str 'just a string'")
     assert "Traceback" not in error
 
 
@@ -282,9 +282,13 @@ class WebhookSink:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length))
+                raw = self.rfile.read(length)
+                body = json.loads(raw)
                 with sink._cond:
-                    sink.calls.append({"body": body, "authorization": self.headers.get("Authorization")})
+                    sink.calls.append({
+                        "body": body, "authorization": self.headers.get("Authorization"), "raw": raw,
+                        "headers": {name.lower(): value for name, value in self.headers.items()},
+                    })
                     sink._cond.notify_all()
                 self.send_response(204)
                 self.end_headers()
@@ -414,9 +418,11 @@ def test_custom_ids_and_session_limit(start_server) -> None:
     created = server.put(f"/sessions/{custom}", json={})
     assert created.status_code == 201 and created.json()["session_id"] == custom
     assert server.put(f"/sessions/{custom}", json={}).status_code == 409
-    assert server.put("/sessions/not-a-uuid", json={}).status_code == 400
-    assert server.put(f"/sessions/{custom.upper()}", json={}).status_code == 400  # one UUID, one spelling
-    server.create_session()
+    refused = server.put("/sessions/not-a-uuid", json={})
+    assert refused.status_code == 400 and refused.json()["detail"].startswith("Session ID must be a valid UUID")
+    spelled = uuid.uuid4().hex.upper()  # any spelling uuid.UUID reads is accepted, and kept as given
+    assert server.put(f"/sessions/{spelled}", json={}).json()["session_id"] == spelled
+    assert server.get(f"/sessions/{spelled}").status_code == 200
     full = server.post("/sessions", json={})
     assert full.status_code == 503 and "limit" in full.json()["detail"]
     assert server.put(f"/sessions/{uuid.uuid4()}", json={}).status_code == 503
@@ -426,7 +432,7 @@ def test_custom_ids_and_session_limit(start_server) -> None:
 def test_health(server: Server) -> None:
     body = server.get("/health").json()
     assert body["status"] == "ok" and body["max_workers"] == 2
-    assert set(body) == {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns"}
+    assert set(body) == {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns", "open_streams"}
     assert body["store"] == "memory"
 
 
@@ -457,16 +463,16 @@ def test_long_poll_sees_delete(server: Server) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "needle"),
     [
-        ("post", "/sessions", "{not json", 400, "Malformed JSON"),
-        ("post", "/sessions", "[1, 2]", 400, "JSON object"),
+        ("post", "/sessions", "{not json", 422, "Malformed JSON"),
+        ("post", "/sessions", "[1, 2]", 422, "JSON object"),
         ("post", "/sessions", '{"state": "nope"}', 422, "state"),
         ("post", "/sessions", '{"state": [{"role": "robot"}]}', 422, "role"),
-        ("post", "/sessions/{sid}/messages", "", 400, "body is required"),
+        ("post", "/sessions/{sid}/messages", "", 422, "body is required"),
         ("post", "/sessions/{sid}/messages", '{"content": 5}', 422, "content"),
         ("post", "/sessions/{sid}/messages", '{"content": "x", "webhook": {"url": "ftp://x"}}', 400, "webhook.url"),
         ("post", "/sessions/{sid}/resume", '{"value": 1}', 422, "interrupt_id"),
         ("post", "/sessions/{sid}/resume", '{"interrupt_id": 5}', 422, "interrupt_id"),
-        ("post", "/sessions/{sid}/resume", "null", 400, "JSON object"),
+        ("post", "/sessions/{sid}/resume", "null", 422, "JSON object"),
         ("post", "/sessions/{sid}/resume", '{"interrupt_id": "x", "value": ' + "[" * 900 + "]" * 900 + "}", 400, "nested too deeply"),
         ("post", "/sessions/{sid}/messages", '{"content": "x", "user_params": {"a": ' + "[" * 300 + "]" * 300 + "}}", 400, "nested too deeply"),
         ("post", "/sessions", '{"state": [{"content": "x", "user_params": {"a": ' + "[" * 100 + "]" * 100 + "}}]}", 400, "nested too deeply"),

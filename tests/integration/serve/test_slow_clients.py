@@ -8,6 +8,10 @@ second (one helper thread drives them all through a selector), and checks that
   answered within about a second meanwhile, and
 - every slow connection is closed by the server within ``--read-timeout`` plus a margin,
   although it keeps sending: the timeout bounds the whole head and body, not each read.
+
+The last part checks that the worker's own request reader (it reads every request whole
+before a thread sees it) keeps HTTP working: unusual but valid requests are served, and
+requests it will not read are answered with a 4xx that names the problem.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ROOT, Server, free_port, server_env, wait_healthy, wait_until
+from tests.conftest import ROOT, Server, free_port, server_env, server_factory, wait_healthy, wait_until
 
 READ_TIMEOUT = 2.0
 #: How late after ``READ_TIMEOUT`` a slow connection may still be open (the server sweeps
@@ -42,7 +46,7 @@ SLOW_HEAD = (HEAD + b"X-Slow: ", b"a")
 SLOW_BODY = (HEAD + b"Content-Length: 1000\r\n\r\n{", b" ")
 SLOW_CHUNKED = (HEAD + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n", b"1\r\n \r\n")
 SILENT = (b"", b"")
-#: More than the server's main loop buffers (1 MiB): a thread reads the rest, under the deadline.
+#: Large bodies (3 MB) that stop coming: read by the main loop too, up to --max-request-bytes.
 SLOW_BIG_BODY = (HEAD + b"Content-Length: 3000000\r\n\r\n{" + b" " * 1_500_000, b" ")
 SLOW_BIG_CHUNKED = (HEAD + b"Transfer-Encoding: chunked\r\n\r\n2dc6c0\r\n{" + b" " * 1_500_000, b" ")
 
@@ -258,14 +262,14 @@ def test_slow_bodies_and_silent_connections_are_dropped(start_server) -> None:
     assert "Traceback" not in server.log()
 
 
-def test_large_slow_bodies_are_dropped_by_the_thread_reading_them(start_server) -> None:
+def test_large_slow_bodies_are_dropped(start_server) -> None:
     server = start_small(start_server)
     timed = Timed(server)
     with trickling(server, {"big": (SLOW_BIG_BODY, 4), "big chunked": (SLOW_BIG_CHUNKED, 4)}) as attack:
         wait_until(lambda: attack.dropped_count() >= 8, timeout=READ_TIMEOUT + DROP_MARGIN + 5, what="the large slow bodies to be dropped")
-        # Werkzeug reports a body of known length that stops arriving as a disconnect (400);
-        # a chunked one gets the worker's 408. Never a short body taken for a whole one.
-        attack.check_drops(time.monotonic(), answers=(b"HTTP/1.1 408 ", b"HTTP/1.1 400 "))
+        # The main loop reads the whole body, so each gets its 408 (and no thread ever sees a
+        # short body it could take for a whole one).
+        attack.check_drops(time.monotonic())
         assert all(c.received for c in attack.dropped), [c.how for c in attack.dropped]
     approval_round(server, timed)
     timed.check()
@@ -401,3 +405,136 @@ def test_flask_serve_drops_slow_clients(tmp_path: Path) -> None:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+# -- what the request reader refuses, and what it still serves ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def reader_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with server_factory(tmp_path_factory.mktemp("reader")) as start:
+        yield start("tests.agents:approval", "--threads", "4", "--workers", "1", "--read-timeout", "5", "--max-request-bytes", "65536")
+
+
+def _exchange(server: Server, data: bytes) -> bytes:
+    """Send ``data`` on a new connection; what comes back until the server closes it."""
+    with _raw(server) as sock:
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except OSError:
+            pass
+    return received
+
+
+GET = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+POST = HEAD  # POST /sessions, JSON
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "named"),
+    [
+        (GET + b"X-Pad: " + b"a" * 8200 + b"\r\n\r\n", 431, "header field is longer than 8190 bytes"),
+        (GET + b"".join(b"X-%d: %s\r\n" % (i, b"a" * 7000) for i in range(10)) + b"\r\n", 431, "may total at most 65536 bytes"),
+        (GET + b"".join(b"X-%d: a\r\n" % i for i in range(101)) + b"\r\n", 431, "more than 100 header fields"),
+        (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n", 414, "Request line too long: the limit is 4094 bytes"),
+        (b"GET /health HTTP/1.1\nHost: 127.0.0.1\n\n", 400, "bare LF"),
+        (GET + b" folded: value\r\n\r\n", 400, "line folding"),
+        (POST + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 400, "both a Content-Length and a Transfer-Encoding"),
+        (POST + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400, "Content-Length is given 2 times"),
+        (POST + b"Content-Length: +2\r\n\r\n{}", 400, "is not a number of bytes"),
+        (POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n", 400, "Unsupported Transfer-Encoding 'gzip, chunked'"),
+        (POST + b"Transfer-Encoding: chunked, identity\r\n\r\n", 400, "Unsupported Transfer-Encoding"),
+        (POST.replace(b"HTTP/1.1", b"HTTP/1.0") + b"Transfer-Encoding: chunked\r\n\r\n", 400, "HTTP/1.0"),
+        (POST + b"Expect: the-unexpected\r\nContent-Length: 2\r\n\r\n", 417, "only expectation understood is 100-continue"),
+        (POST + b"Content-Length: 70000\r\n\r\n", 413, "the limit is 65536 bytes (--max-request-bytes)"),
+        (POST + b"Transfer-Encoding: chunked\r\n\r\n" + b"8000\r\n" + b" " * 0x8000 + b"\r\n" + b"8001\r\n", 413, "the limit is 65536 bytes"),
+        (POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400, "chunk size 'zz'"),
+        (POST + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{}\r\n0\r\n\r\n", 400, "longer than its size"),
+    ],
+    ids=[
+        "long-field", "large-head", "many-fields", "long-request-line", "bare-lf", "obs-fold", "length-and-chunked",
+        "two-lengths", "signed-length", "gzip-coding", "chunked-not-last", "chunked-http10", "unknown-expectation",
+        "length-over-limit", "chunked-over-limit", "bad-chunk-size", "chunk-longer-than-its-size",
+    ],
+)
+def test_a_request_the_reader_will_not_read_is_answered_with_a_4xx_naming_why(reader_server: Server, request_bytes: bytes, status: int, named: str) -> None:
+    """Answered by the worker's main loop, before any thread or the application sees it:
+    the status, a JSON ``detail`` that names the problem, and the connection closed."""
+    answer = _exchange(reader_server, request_bytes)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), answer[:300]
+    assert b"Connection: close" in head and b"Content-Type: application/json" in head, head
+    detail = json.loads(body)["detail"]
+    assert named in detail, detail
+    assert "Traceback" not in reader_server.log()
+
+
+def test_unusual_but_valid_requests_are_served(reader_server: Server) -> None:
+    sessions = len(reader_server.get("/sessions").json())
+    # Empty lines before the request line (RFC 9112 2.2) and a list of codings gunicorn takes.
+    answer = _exchange(reader_server, b"\r\n\r\n" + POST + b"Transfer-Encoding: identity, chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 201 "), answer[:200]
+    # HTTP/1.0 with Expect: the expectation is ignored (no 100 Continue), the body is read.
+    body = b'{"state": []}'
+    answer = _exchange(reader_server, POST.replace(b"HTTP/1.1", b"HTTP/1.0") + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert answer.startswith(b"HTTP/1.0 201 "), answer[:200]
+    # A chunked body in small pieces, with extensions and a trailer, then a pipelined GET.
+    with _raw(reader_server) as sock:
+        sock.sendall(POST + b"Transfer-Encoding: chunked\r\n\r\n1;a=b\r\n{")
+        sock.sendall(b"\r\n1 ; c=\"d\"\r\n}\r\n0\r\nX-Trailer: yes\r\n\r\n" + GET + b"\r\n")
+        responses = _Responses(sock)
+        head, _ = responses.next()
+        assert head.startswith(b"HTTP/1.1 201 "), head
+        head, answer = responses.next()
+        assert head.startswith(b"HTTP/1.1 200 ") and json.loads(answer)["status"] == "ok", head
+    assert len(reader_server.get("/sessions").json()) == sessions + 3
+    assert "Traceback" not in reader_server.log()
+
+
+def test_a_body_over_the_limit_gets_a_413_its_client_can_read(reader_server: Server) -> None:
+    """The 413 goes out as soon as the head is in; the worker then reads and drops what the
+    client still sends (for a while) before closing, so a client that sends its whole body
+    first (``requests`` does) still reads the answer instead of a reset connection."""
+    response = requests.post(reader_server.url + "/sessions", data=b" " * (3 * 2**20), headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 413, response.text[:200]
+    assert "--max-request-bytes" in response.json()["detail"]
+
+
+def test_a_large_answer_reaches_a_client_that_reads_it_slowly(start_server) -> None:
+    """An answer bigger than the socket buffers is written as the client takes it (the
+    main loop sends what a thread could not), whole and in order, and the kept-alive
+    connection then serves the next pipelined request."""
+    server = start_small(start_server)
+    state = [{"role": "user", "content": "x" * 1000}] * 3000
+    created = server.post("/sessions", json={"state": state})
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session_id"]
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: it sets the window
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+        get = b"GET /sessions/%s/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % session_id.encode()
+        sock.sendall(get + GET + b"\r\n")
+        received = bytearray()
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(4096) or b"!"  # (a closed connection fails below)
+        head, _, rest = bytes(received).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        received = bytearray(rest)
+        while len(received) < length:  # small reads: the answer comes as the client takes it
+            chunk = sock.recv(4096)
+            assert chunk, f"connection closed after {len(received)} of {length} bytes"
+            received += chunk
+        assert json.loads(received[:length]) == state
+        responses = _Responses(sock)
+        responses.data = bytes(received[length:])
+        head, answer = responses.next()
+        assert head.startswith(b"HTTP/1.1 200 ") and json.loads(answer)["status"] == "ok", head
+    assert "Traceback" not in server.log()

@@ -10,9 +10,9 @@ Failures never show a traceback: a server that is not there prints
 ``detail``; both exit with status 1. Ctrl-C exits with 130.
 
 Nothing the server sent is printed raw: the text output shows control and bidi characters
-as escapes (``\\x1b``, ``\\r``, ``\\u202e``; see :func:`motus.serve.chat.visible`), and
+as escapes (``\\x1b``, ``\\r``, ``\\u202e``; see :func:`motus.client.chat.visible`), and
 ``--json`` prints JSON in which those characters are ``\\uXXXX`` escapes
-(:func:`motus.serve.chat.visible_json`): still valid JSON that decodes to exactly what the
+(:func:`motus.client.chat.visible_json`): still valid JSON that decodes to exactly what the
 server sent, so scripts lose nothing and a terminal shows no raw escape sequence.
 
 ``--param KEY=VALUE`` values become the message's ``user_params``: ``42`` -> int,
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from motus.client import (
+from motus.client.library import (
     DEFAULT_POLL_SECONDS,
     Client,
     ClientError,
@@ -44,7 +44,7 @@ from motus.client import (
     Webhook,
 )
 from motus.models import ChatMessage
-from motus.serve.chat import EXIT_INTERRUPTED, Chat, Console, describe_error, visible, visible_json
+from motus.client.chat import EXIT_INTERRUPTED, Chat, Console, describe_error, visible, visible_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 def register(group: click.Group) -> None:
     """Add the client commands to the ``motus serve`` group."""
-    for command in (chat, health, create, sessions, get, delete, messages, send):
+    for command in (chat, health, create, sessions, get, delete, messages, send, inbox):
         group.add_command(command)
 
 
@@ -210,8 +210,8 @@ def format_message(message: ChatMessage) -> str:
 @click.command()
 @click.argument("url")
 @click.argument("message", required=False)
-@click.option("--session", "session_id", metavar="ID", help="Join this existing session (never deleted on exit).")
-@click.option("--keep", is_flag=True, help="Keep the session this chat creates, and print its id.")
+@click.option("--session", "session_id", metavar="ID", help="Join this existing session (only /delete deletes it).")
+@click.option("--keep", is_flag=True, help="With MESSAGE: keep the session after the turn ends, and print its id.")
 @_param_option
 @_common
 def chat(url: str, message: str | None, session_id: str | None, keep: bool, params: tuple[str, ...], api_key: str | None) -> None:
@@ -219,7 +219,10 @@ def chat(url: str, message: str | None, session_id: str | None, keep: bool, para
 
     Interrupts are answered in the terminal: tool approvals (y/N, e to edit the
     arguments), questions with numbered options and an Other answer, and any other type
-    as a JSON value. The session is created here and deleted on exit unless --keep.
+    with a JSON value or plain text. Ctrl-C cancels the question or the wait without
+    answering anything; leaving (/quit, Ctrl-D, Ctrl-C twice) keeps the session and prints
+    how to rejoin it with --session; /delete deletes it. A one-shot MESSAGE deletes the
+    session it created once its turn has ended, unless --keep.
     """
     user_params = parse_params(params)
     for stream in (sys.stdout, sys.stderr):
@@ -227,6 +230,47 @@ def chat(url: str, message: str | None, session_id: str | None, keep: bool, para
             stream.reconfigure(errors="replace")
     runner = Chat(Client(url, api_key=api_key), Console(), session_id=session_id, keep=keep, user_params=user_params)
     sys.exit(runner.run(message))
+
+
+@click.command()
+@click.argument("url")
+@click.option("--type", "kind", default=None, metavar="TYPE", help="Only interrupts of this type (tool_approval, ask_user_question, ...).")
+@click.option("--wait", is_flag=True, help="Long poll: return as soon as something is pending.")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0), help="How long --wait waits (s).")
+@_json_option
+@_common
+@_handle_errors
+def inbox(url: str, kind: str | None, wait: bool, timeout: float, as_json: bool, api_key: str | None) -> None:
+    """List the interrupts waiting on a person, across every session, oldest first."""
+    _fetch_and_print(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.inbox(type=kind, wait=wait, timeout=timeout),
+        lambda items: [item.model_dump(mode="json") for item in items],
+        format_inbox,
+    )
+
+
+def format_inbox(items: list[Any]) -> str:
+    """One block per pending interrupt: what it asks, where, since when."""
+    if not items:
+        return "Nothing is waiting on a person."
+    blocks = []
+    for item in items:
+        payload = item.payload
+        if item.type == "tool_approval":
+            what = f"approve {visible(payload.get('tool_name'))} {visible_json(payload.get('tool_args'))}"
+        elif isinstance(payload.get("prompt") or payload.get("title"), str):
+            what = visible(payload.get("title") or payload.get("prompt"))
+        else:
+            what = visible_json(payload)
+        expires = f"  expires {visible(item.expires_at)}" if item.expires_at else ""
+        blocks.append(
+            f"[{visible(item.type)}] {what}\n  session {visible(item.session_id)}  interrupt {visible(item.interrupt_id)}"
+            f"\n  since {visible(item.created_at)}{expires}"
+        )
+    return "\n".join(blocks)
 
 
 @click.command()

@@ -1,9 +1,11 @@
-"""A small Python client for a ``motus serve`` server, built on ``requests``.
+"""The Python client library for a ``motus serve`` server, built on ``requests``.
 
+Import it as ``motus.client`` (the package re-exports everything public here).
 ``Client`` has one method per REST endpoint, each returning the pydantic model of the API
 (serving-api.md), and ``run_turn`` / ``finish_turn`` drive a whole turn: send, long poll,
 hand every pending interrupt to a callback, resume with what it returns, and return the
-final response. The ``motus serve`` CLI commands are built on this module only.
+final response. The terminal chat (``motus.client.chat``) and the ``motus serve`` client
+commands (``motus.client.commands``) are built on this module only.
 
 Errors form one family rooted at :class:`ClientError`; every one carries ``status`` (the HTTP
 status, or ``None`` when no response arrived) and ``detail`` (the server's ``detail`` field,
@@ -38,15 +40,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
 from pydantic import BaseModel, ValidationError
 
+from motus.client.events import Event, read_events
 from motus.models import ChatMessage
 from motus.serve.schemas import (
+    AuditEntry,
+    Grant,
+    InboxItem,
     HealthResponse,
     InterruptInfo,
     MessageAccepted,
@@ -377,6 +384,92 @@ class Client:
         return session.response
 
     # ------------------------------------------------------------------ plumbing
+
+    # ------------------------------------------------------------------ approvals workflow
+
+    def inbox(self, type: str | None = None, wait: bool = False, timeout: float | None = None) -> list[InboxItem]:
+        """``GET /interrupts``: pending interrupts of every session, oldest first; with
+        ``wait`` a long poll that returns as soon as there is one (or after ``timeout``)."""
+        params: dict[str, Any] = {"status": "pending"}
+        if type is not None:
+            params["type"] = type
+        read_timeout = self.timeout
+        if wait:
+            poll = DEFAULT_POLL_SECONDS if timeout is None else max(0.0, timeout)
+            params.update(wait="true", timeout=_seconds(poll))
+            read_timeout = poll + self.timeout
+        data = self._request("GET", "/interrupts", params=params, read_timeout=read_timeout)
+        return [_parse(InboxItem, item) for item in _expect_list(data)]
+
+    def grants(self, session_id: str) -> list[Grant]:
+        """``GET /sessions/{id}/grants``: tools approved for the rest of the session."""
+        data = self._request("GET", self._session_path(session_id) + "/grants")
+        return [_parse(Grant, item) for item in _expect_list(data)]
+
+    def revoke_grant(self, session_id: str, tool_name: str) -> None:
+        """``DELETE /sessions/{id}/grants/{tool}``: ask again from the session's next turn."""
+        self._request("DELETE", self._session_path(session_id) + "/grants/" + quote(tool_name, safe=""))
+
+    def audit(self, session_id: str) -> list[AuditEntry]:
+        """``GET /sessions/{id}/audit``: who resolved what (and grants), oldest first."""
+        data = self._request("GET", self._session_path(session_id) + "/audit")
+        return [_parse(AuditEntry, item) for item in _expect_list(data)]
+
+    def events(
+        self,
+        session_id: str | None = None,
+        last_event_id: int | None = None,
+        reconnect: bool = True,
+        idle_timeout: float = 60.0,
+    ) -> Iterator[Event]:
+        """Every change of one session (or of all, without ``session_id``) as it happens.
+
+        Starts after ``last_event_id`` if given, else at "now" (the first event is then the
+        stream's ``ready``). A dropped connection is reopened with ``Last-Event-ID``, so
+        nothing is missed or repeated (``reconnect=False`` raises ``ConnectionFailed``
+        instead). A server that sends nothing, not even its keepalive, for
+        ``idle_timeout`` seconds counts as dropped. Against a server without event streams
+        (the reference product) the first call raises ``NotFound``: long-poll instead.
+        The iterator ends when the session is deleted; close it to stop earlier.
+        """
+        path = "/events" if session_id is None else self._session_path(session_id) + "/events"
+        last = last_event_id
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            try:
+                response = self._http.get(self.base_url + path, headers=headers, stream=True, timeout=(self.timeout, idle_timeout))
+            except requests.RequestException:
+                response = None
+            if response is not None and response.status_code >= 400:
+                error_class = _ERRORS_BY_STATUS.get(response.status_code, APIError)
+                error = error_class(_error_detail(response), response.status_code)
+                response.close()
+                if response.status_code != 503 or not reconnect:
+                    raise error
+                response = None
+            if response is None:
+                failures += 1
+                if not reconnect or failures > 5:
+                    raise ConnectionFailed(self.base_url)
+                time.sleep(min(0.2 * 2 ** failures, 5.0))
+                continue
+            try:
+                for event in read_events(response.iter_lines(decode_unicode=True)):
+                    failures = 0
+                    if event.id is not None:
+                        last = event.id
+                    yield event
+                    if session_id is not None and event.kind == "status" and event.data.get("status") == "deleted":
+                        return
+            except requests.RequestException:
+                pass  # dropped: reconnect below
+            finally:
+                response.close()
+            if not reconnect:
+                raise ConnectionFailed(self.base_url, f"the event stream of {self.base_url} ended")
 
     def _session_path(self, session_id: str) -> str:
         return "/sessions/" + quote(session_id, safe="")

@@ -1,0 +1,124 @@
+"""What a live turn has done so far, for the person asked to approve its next step.
+
+A session's ``state`` changes only when its turn ends, so an approver who opens a waiting
+session elsewhere would see the approval card and nothing else. ``describe_turn`` builds the
+``turn`` object of ``GET /sessions/{id}`` (and of the events) from the turn's journal: the
+user message that started it, then each journal record in order: the model's replies (text
+and tool calls with their arguments), tool results, steps and interrupts (pending, or
+resolved by whom).
+
+Model replies are recorded as the provider sent them; both wire shapes motus speaks are
+read here (OpenAI chat completions: ``choices[0].message``; Anthropic messages:
+``content`` blocks). Anything else is shown by its label only. Long texts are cut to
+``MAX_TEXT`` characters, so the object stays small whatever the turn did.
+
+Pure functions of a journal snapshot: the caller holds the session lock while taking the
+snapshot, not while describing it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from motus.serve.journal import unpack
+from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
+
+#: Texts (model replies, tool results, arguments) are cut to this many characters.
+MAX_TEXT = 2000
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"... ({len(text) - MAX_TEXT} more characters)"
+
+
+def _shown(value: Any) -> Any:
+    """A JSON-ready, bounded rendering of a recorded value."""
+    if isinstance(value, str):
+        return _cut(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return _cut(repr(value))
+    return value if len(text) <= MAX_TEXT else _cut(text)
+
+
+def _outcome(entry: JournalEntry) -> tuple[str, Any]:
+    """("ok", value) or ("error", "Type: message") of a finished record."""
+    try:
+        return "ok", unpack(entry.value)
+    except Exception as exc:  # a recorded exception, rebuilt: show it, never raise it
+        return "error", _cut(f"{type(exc).__name__}: {exc}")
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return _shown(json.loads(raw))
+        except ValueError:
+            return _cut(raw)
+    return _shown(raw)
+
+
+def model_reply(reply: Any) -> dict[str, Any] | None:
+    """``{"text", "tool_calls": [{"name", "arguments"}]}`` of a provider reply, or None."""
+    if not isinstance(reply, dict):
+        return None
+    choices = reply.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message") or {}
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                calls.append({"name": str(function.get("name")), "arguments": _arguments(function.get("arguments"))})
+        content = message.get("content")
+        return {"text": _cut(content) if isinstance(content, str) else "", "tool_calls": calls}
+    blocks = reply.get("content")
+    if isinstance(blocks, list):
+        texts, calls = [], []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif block.get("type") == "tool_use":
+                calls.append({"name": str(block.get("name")), "arguments": _arguments(block.get("input"))})
+        return {"text": _cut("".join(texts)), "tool_calls": calls}
+    return None
+
+
+def describe_step(entry: JournalEntry, isoformat: Any) -> dict[str, Any]:
+    step: dict[str, Any] = {"seq": entry.seq, "kind": entry.kind, "label": entry.label}
+    if entry.kind == INTERRUPT:
+        step.update(interrupt_id=entry.ref, type=entry.label, payload=entry.payload, created_at=isoformat(entry.created_at))
+        if entry.done:
+            kind, value = _outcome(entry)
+            step.update(status="resolved", by=entry.answered_by, at=isoformat(entry.answered_at), value=_shown(value))
+        else:
+            step.update(status="pending", expires_at=isoformat(entry.expires_at))
+        return step
+    if not entry.done:
+        step["status"] = "running"
+        return step
+    kind, value = _outcome(entry)
+    step["status"] = "done" if kind == "ok" else "failed"
+    if entry.kind == MODEL:
+        reply = model_reply(value) if kind == "ok" else None
+        if reply is not None:
+            step.update(reply)
+        elif kind == "error":
+            step["error"] = value
+    elif entry.kind in (TOOL, STEP):
+        step["result" if kind == "ok" else "error"] = _shown(value)
+    return step
+
+
+def describe_turn(turn_id: int, message: dict[str, Any], journal: Iterable[JournalEntry], isoformat: Any) -> dict[str, Any]:
+    """The ``turn`` object: the message that started it and what happened since."""
+    return {
+        "turn_id": turn_id,
+        "message": message,
+        "steps": [describe_step(entry, isoformat) for entry in sorted(journal, key=lambda e: e.seq)],
+    }

@@ -1,0 +1,204 @@
+"""Server-sent events: ``GET /events`` and ``GET /sessions/{id}/events``.
+
+Each event is one committed change, read back from the store's event log, so its ``id:`` is
+the store's sequence number and a client that reconnects with ``Last-Event-ID`` (or
+``?after=N``) gets every later event exactly once, in order, also across a server restart
+with a durable store. Events are only ever read from the log, never handed over in memory,
+so a stream cannot see a change a crash could take back (the change and its event are one
+transaction).
+
+What a stream sends::
+
+    retry: 2000                                  (reconnect after 2 s)
+    id: 41 / event: ready / data: {...}          (only when no Last-Event-ID was given: where "now" is)
+    id: 42 / event: interrupt / data: {"session_id": ..., "interrupt_id": ..., ...}
+    : keepalive                                  (a comment every KEEPALIVE_SECONDS)
+
+Event kinds: ``status`` (``{"status"}``: idle, running, interrupted, error, deleted),
+``interrupt`` (the interrupt as the inbox shows it), ``resolved`` (``interrupt_id``, ``by``,
+``value``, ``reason``: resume or timeout), ``message`` (the turn's response), ``error``,
+``grant`` and ``revoke``. A client that asks for events older than the log still keeps gets a
+``reset`` event (reload the state, then carry on from its id). A session's stream ends after
+its ``deleted`` status; every stream ends when the server shuts down.
+
+Streams hold a request thread each, so at most ``--max-streams`` are open at once (503
+beyond), leaving the other threads to resumes and health checks.
+
+Threads: a stream's generator runs on its request thread; it waits on ``Events`` (woken by
+``publish`` after each commit) and reads the store. The slot is released by ``close``,
+which the WSGI server calls however the response ends (also when it was never iterated).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from flask import Response
+
+from motus.serve.errors import BadRequest, TooManyStreams
+from motus.serve.events import ALL
+from motus.serve.store import Event
+
+#: A comment line this often keeps proxies from closing an idle stream.
+KEEPALIVE_SECONDS = 15.0
+#: The client's reconnection delay, sent as ``retry:``.
+RETRY_MILLISECONDS = 2000
+#: Events read from the store at once.
+BATCH = 200
+#: While idle, a stream looks this often whether its client hung up, so a closed stream's
+#: slot is free again within about this long rather than at the next keepalive.
+PEER_CHECK_SECONDS = 2.0
+
+
+def isoformat(when: float | None) -> str | None:
+    """A wall-clock time as ISO 8601 in UTC with milliseconds (``...T12:00:00.000Z``)."""
+    if when is None:
+        return None
+    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def event_data(event: Event) -> dict[str, Any]:
+    data: dict[str, Any] = {"session_id": event.session_id, "at": isoformat(event.at)}
+    for key, value in event.data.items():
+        data[key] = isoformat(value) if key in ("created_at", "expires_at") and isinstance(value, (int, float)) else value
+    return data
+
+
+def format_event(seq: int | None, kind: str, data: dict[str, Any]) -> str:
+    head = f"id: {seq}\n" if seq is not None else ""
+    # json.dumps never emits a raw newline, so the data is one line, as SSE requires.
+    return f"{head}event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _cursor(last_event_id: str | None, after: str | None) -> int | None:
+    raw = last_event_id if last_event_id not in (None, "") else after
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text.isdigit() or len(text) > 18:
+        source = "Last-Event-ID header" if last_event_id not in (None, "") else "query parameter 'after'"
+        raise BadRequest(f"The {source} must be an event id (a whole number >= 0), got {raw[:40]!r}")
+    return int(text)
+
+
+class StreamSlots:
+    """``--max-streams``: a counter rather than a semaphore so /health can show it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.limit and self.open >= self.limit:
+                return False
+            self.open += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.open -= 1
+
+
+class _Stream:
+    """The response body: an iterator whose ``close`` always gives the slot back."""
+
+    def __init__(self, server: Any, session_id: str | None, after: int | None, sock: socket.socket | None = None) -> None:
+        self.server = server
+        self.sock = sock
+        self.session_id = session_id
+        self.after = after
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for text in self._events():
+            yield text.encode("utf-8")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.server.streams.give()
+
+    def _events(self) -> Iterator[str]:
+        store, events = self.server.store, self.server.events
+        yield f"retry: {RETRY_MILLISECONDS}\n\n"
+        oldest, newest = store.event_bounds()
+        if self.after is None:
+            last = newest
+            yield format_event(newest, "ready", {"last_event_id": newest, "session_id": self.session_id})
+        elif oldest and self.after < oldest - 1:
+            last = newest
+            yield format_event(newest, "reset", {
+                "reason": f"events after {self.after} are no longer kept (the oldest kept is {oldest}); reload the state",
+                "last_event_id": newest, "session_id": self.session_id,
+            })
+        else:
+            last = self.after
+        key = self.session_id or ALL
+        while not self._closed:
+            batch = store.events_after(last, self.session_id, BATCH)
+            for event in batch:
+                last = event.seq
+                yield format_event(event.seq, event.kind, event_data(event))
+                if self.session_id is not None and event.kind == "status" and event.data.get("status") == "deleted":
+                    return
+            if batch:
+                continue
+            if events.closing:
+                return
+            seen = last
+            idle_until = time.monotonic() + KEEPALIVE_SECONDS
+            woke = None
+            while woke is None and not events.closing and time.monotonic() < idle_until:
+                if _peer_gone(self.sock):
+                    return
+                slice_ = min(PEER_CHECK_SECONDS, max(0.0, idle_until - time.monotonic()))
+                woke = events.wait(key, lambda: store.events_after(seen, self.session_id, 1) or None, slice_)
+            if woke is None:
+                if events.closing:
+                    return
+                yield ": keepalive\n\n"
+
+
+def _peer_gone(sock: socket.socket | None) -> bool:
+    """Whether the client closed its end (a read would return end-of-file). Only known
+    under gunicorn, which hands the socket over; elsewhere the next write tells."""
+    if sock is None:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False  # nothing to read: still there
+    except OSError:
+        return True  # reset, or already closed
+
+
+def event_stream(
+    server: Any, session_id: str | None, last_event_id: str | None, after: str | None, sock: socket.socket | None = None
+) -> Response:
+    """The ``text/event-stream`` response, or 503 when every stream slot is taken."""
+    cursor = _cursor(last_event_id, after)
+    if not server.streams.take():
+        raise TooManyStreams(
+            f"Too many open event streams ({server.streams.limit}, see --max-streams); close one, "
+            "or long-poll GET /sessions/{id}?wait=true instead",
+            headers={"Retry-After": "5"},
+        )
+    try:
+        stream = _Stream(server, session_id, cursor, sock)
+        response = Response(stream, mimetype="text/event-stream")
+    except BaseException:
+        server.streams.give()
+        raise
+    response.headers["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response

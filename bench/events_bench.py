@@ -199,7 +199,7 @@ class Drain:
 
 
 def summary(name: str, values: list[float]) -> None:
-    print(f"  {name:<44} p50 {ms(pct(values, 50))}  p90 {ms(pct(values, 90))}  p99 {ms(pct(values, 99))}  (n={len(values)})")
+    print(f"  {name:<44} p50 {ms(pct(values, 0.5))}  p90 {ms(pct(values, 0.9))}  p99 {ms(pct(values, 0.99))}  (n={len(values)})")
 
 
 def main() -> None:

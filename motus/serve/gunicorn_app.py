@@ -1050,6 +1050,9 @@ def run_gunicorn(
         "workers": 1,
         "worker_class": "motus.serve.gunicorn_app.MotusWorker",
         "threads": threads,
+        # Connections the worker holds at once (idle keep-alive ones included); gunicorn's
+        # 1,000 would refuse every new client once that many event streams are open.
+        "worker_connections": threads + 1000,
         "timeout": 60,
         "graceful_timeout": graceful,
         "keepalive": 5,

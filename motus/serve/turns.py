@@ -710,6 +710,11 @@ class Turns:
         grants = session.grants
         tool = remembered_tool(entry.payload, value)
         if tool is not None:
+            from motus.tools.approval import parse_approval  # the gate's own reading of the value
+
+            if expired or not parse_approval(value).approved:
+                tool = None  # nobody approved, or the gate refuses it (edited arguments not an object)
+        if tool is not None:
             grants = {**session.grants, tool: {"by": by, "at": now}}
             events.append(session.event("grant", now, tool_name=tool, by=by))
             audit.append(AuditRecord(session.session_id, "grant", now, by, {"tool_name": tool, "interrupt_id": interrupt_id}))
@@ -984,14 +989,15 @@ class Turns:
                 self._free_slots += after.freed
                 self._ready.extend(after.queued)
                 self._sched.notify_all()
+            # Before waking the watchers: a resumed turn gets its slot and its value first,
+            # rather than after every open event stream has had the GIL.
+            self._dispatch()
         for session_id in after.publish:
             self.events.publish(session_id)
         for session_id, error in after.failed:
             log.info("turn of session %s failed: %s", session_id, _last_line(error))
         for end in after.ended:
             self._on_end(end)
-        if after.freed or after.queued:
-            self._dispatch()
 
     def _save(
         self,

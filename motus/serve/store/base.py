@@ -16,6 +16,7 @@ own writes and must be safe to call from any thread.
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,43 @@ class Event:
     data: dict[str, Any]
     at: float  # wall clock
     seq: int = 0
+
+
+class RecentEvents:
+    """The newest committed events, in seq order, kept in memory so the many streams a
+    change wakes read it without a query each. Not thread-safe: its store calls it under
+    the store's own lock (``extend`` right after the commit, so only committed events are
+    ever here). Holds between ``keep`` and ``2 * keep`` events (trimmed in halves)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(1, keep)
+        self._events: list[Event] = []
+        self._seqs: list[int] = []
+
+    def extend(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if self._seqs and event.seq <= self._seqs[-1]:
+                continue  # never out of order (seqs are assigned under the same lock)
+            self._events.append(event)
+            self._seqs.append(event.seq)
+        if len(self._events) > 2 * self.keep:
+            del self._events[: -self.keep], self._seqs[: -self.keep]
+
+    def covers(self, after: int) -> bool:
+        """Whether every event with a seq above ``after`` that the store has is here."""
+        return bool(self._seqs) and after >= self._seqs[0] - 1
+
+    def after(self, after: int, session_id: str | None, limit: int) -> list[Event]:
+        found = []
+        for event in self._events[bisect.bisect_right(self._seqs, after):]:
+            if session_id is None or event.session_id == session_id:
+                found.append(event)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def bounds(self) -> tuple[int, int] | None:
+        return (self._seqs[0], self._seqs[-1]) if self._seqs else None
 
 
 @dataclass(frozen=True)

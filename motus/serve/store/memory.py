@@ -2,7 +2,7 @@
 
 The server's working copy (``motus.serve.turns``) is the only copy of the sessions, which is
 exactly the behaviour of the first release: a restart loses every session. What only the
-store holds, the event log and the audit records, is kept here in memory: the newest
+store holds, the event log and the audit records, is kept here in memory: at least the newest
 ``EVENTS_KEPT`` events (so a client that reconnects to the same process misses nothing), and
 every audit record of a session until it is deleted.
 
@@ -12,13 +12,11 @@ order the changes were saved.
 
 from __future__ import annotations
 
-import itertools
 import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
 
 from motus.serve.protocol import JournalEntry
-from motus.serve.store.base import EVENTS_KEPT, AuditRecord, Event, SessionRecord, Store
+from motus.serve.store.base import EVENTS_KEPT, AuditRecord, Event, RecentEvents, SessionRecord, Store
 
 
 class MemoryStore(Store):
@@ -28,7 +26,7 @@ class MemoryStore(Store):
     def __init__(self, events_kept: int = EVENTS_KEPT) -> None:
         self.url = "memory"
         self._lock = threading.Lock()
-        self._events: deque[Event] = deque(maxlen=events_kept)
+        self._recent = RecentEvents(events_kept)
         self._seq = 0
         self._audit: dict[str, list[AuditRecord]] = {}
 
@@ -59,32 +57,19 @@ class MemoryStore(Store):
         for event in events:
             self._seq += 1
             event.seq = self._seq
-            self._events.append(event)
+        self._recent.extend(events)
         return self._seq if events else 0
 
     def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
         with self._lock:
-            if not self._events or self._events[-1].seq <= after:
-                return []
-            # Seqs are consecutive in the deque (each append adds one; only the oldest drop).
-            start = max(0, after + 1 - self._events[0].seq)
-            found = []
-            # Reversed from the end when the wanted ones are the newest few (the usual case).
-            tail = len(self._events) - start
-            newest = list(itertools.islice(reversed(self._events), tail)) if tail < start else None
-            candidates = reversed(newest) if newest is not None else itertools.islice(self._events, start, None)
-            for event in candidates:
-                if session_id is None or event.session_id == session_id:
-                    found.append(event)
-                    if len(found) >= limit:
-                        break
-            return found
+            return self._recent.after(after, session_id, limit)
 
     def event_bounds(self) -> tuple[int, int]:
         with self._lock:
-            if not self._events:
+            bounds = self._recent.bounds()
+            if bounds is None:
                 return (self._seq + 1, self._seq) if self._seq else (0, 0)
-            return self._events[0].seq, self._events[-1].seq
+            return bounds
 
     def audit(self, session_id: str) -> list[AuditRecord]:
         with self._lock:

@@ -32,6 +32,7 @@ from typing import Any
 from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
+    RecentEvents,
     SCHEMA_VERSION,
     AuditRecord,
     Event,
@@ -102,6 +103,8 @@ _ADDED_IN_2 = {
 
 #: Events are pruned (down to ``EVENTS_KEPT``) once every this many inserts.
 _PRUNE_EVERY = 1000
+#: The newest events also kept in memory (streams read them without a query).
+RECENT_EVENTS = 10_000
 
 
 def _dumps(value: Any) -> str | None:
@@ -121,6 +124,8 @@ class SqliteStore(Store):
     def __init__(self, url: str, path: str, synchronous: str = "full", events_kept: int = EVENTS_KEPT) -> None:
         self.url = url
         self.events_kept = events_kept
+        #: The newest events, read by streams without a query (see ``RecentEvents``).
+        self._recent = RecentEvents(min(events_kept, RECENT_EVENTS))
         self.path = os.path.abspath(path)
         self.synchronous = "NORMAL" if synchronous == "normal" else "FULL"
         self._lock = threading.Lock()
@@ -323,6 +328,7 @@ class SqliteStore(Store):
             except BaseException:
                 _rollback(db)
                 raise
+            self._recent.extend(events)
         return last
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
@@ -375,10 +381,13 @@ class SqliteStore(Store):
             except BaseException:
                 _rollback(db)
                 raise
+            self._recent.extend(events)
         return last
 
     def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
         with self._lock:
+            if self._recent.covers(after):
+                return self._recent.after(after, session_id, limit)  # no query: the common case
             db = self._db()
             if session_id is None:
                 rows = db.execute(

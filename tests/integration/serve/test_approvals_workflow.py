@@ -19,6 +19,8 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
+from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.test_hitl import WebhookSink
 
 CALLS = "tests.approval_agents:calls"
@@ -459,3 +461,30 @@ def test_the_default_webhook_events_stay_the_guides(start_server: Callable[..., 
     assert "x-motus-signature" not in call["headers"]
     bad = server.post(f"/sessions/{session_id}/messages", json={"content": "x", "webhook": {"url": sink.url, "events": ["sometimes"]}})
     assert bad.status_code in (400, 422) and "events" in bad.json()["detail"]
+
+
+# -- the live turn -------------------------------------------------------------------------
+
+
+def test_a_waiting_session_shows_the_message_and_what_the_turn_did(
+    start_server: Callable[..., Server], sandbox: Path, fake_provider: FakeProvider
+) -> None:
+    fake_provider.script(
+        openai_tool_calls(("call_1", "touch", {"path": "old_logs.txt"}), content="I will remove the old logs."),
+        openai_text("Done."),
+    )
+    server = start_server(
+        "tests.durable_agents:files", env=env(sandbox, MOTUS_TEST_PROVIDER_URL=fake_provider.url, OPENROUTER_API_KEY="")
+    )
+    session_id = start(server, "please delete old_logs.txt")
+    [item] = pending(server, session_id)
+    turn = server.get(f"/sessions/{session_id}").json()["turn"]
+    assert turn["message"]["content"] == "please delete old_logs.txt"
+    model, interrupt = turn["steps"]  # the gate asks before the tool's body starts
+    assert model["kind"] == "model" and model["text"] == "I will remove the old logs."
+    assert model["tool_calls"] == [{"name": "touch", "arguments": {"path": "old_logs.txt"}}]
+    assert (interrupt["interrupt_id"], interrupt["status"]) == (item["interrupt_id"], "pending")
+    assert interrupt["payload"]["tool_args"] == {"path": "old_logs.txt"}
+    assert resume(server, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    done = server.wait_for_status(session_id, "idle")
+    assert "turn" not in done and done["response"]["content"] == "Done."

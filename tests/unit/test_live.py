@@ -1,0 +1,51 @@
+"""``motus.serve.live``: the live turn an approver sees, built from a journal snapshot."""
+
+from __future__ import annotations
+
+from motus.serve.journal import pack
+from motus.serve.live import MAX_TEXT, describe_turn, model_reply
+from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
+from motus.serve.streams import isoformat
+
+MESSAGE = {"role": "user", "content": "clean up"}
+OPENAI = {"choices": [{"message": {"role": "assistant", "content": "I'll delete it.", "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "delete_file", "arguments": '{"path": "old.txt"}'}}]}}]}
+ANTHROPIC = {"content": [{"type": "text", "text": "Deleting."}, {"type": "tool_use", "id": "t1", "name": "delete_file", "input": {"path": "a"}}]}
+
+
+def test_both_provider_shapes_are_read() -> None:
+    assert model_reply(OPENAI) == {"text": "I'll delete it.", "tool_calls": [{"name": "delete_file", "arguments": {"path": "old.txt"}}]}
+    assert model_reply(ANTHROPIC) == {"text": "Deleting.", "tool_calls": [{"name": "delete_file", "arguments": {"path": "a"}}]}
+    assert model_reply({"choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "x", "arguments": "not json"}}]}}]}) == {
+        "text": "", "tool_calls": [{"name": "x", "arguments": "not json"}]}
+    for odd in (None, "text", [], {}, {"choices": []}, {"choices": ["x"]}, {"content": "plain"}):
+        assert model_reply(odd) is None or model_reply(odd)["tool_calls"] == []
+
+
+def test_a_turn_shows_the_message_model_tool_and_interrupts_in_order() -> None:
+    journal = [
+        JournalEntry(seq=3, kind=INTERRUPT, key="k", label="tool_approval", ref="i1", payload={"type": "tool_approval"},
+                     created_at=100.0, parent=2),
+        JournalEntry(seq=1, kind=MODEL, key="m", label="openai /chat/completions", done=True, value=pack(("ok", OPENAI))),
+        JournalEntry(seq=2, kind=TOOL, key="t", label="delete_file"),
+        JournalEntry(seq=4, kind=STEP, key="s", label="count", done=True, value=pack(("raise", ValueError("bad")))),
+        JournalEntry(seq=5, kind=TOOL, key="t2", label="read", done=True, value=pack(("ok", "x" * (MAX_TEXT + 10)))),
+        JournalEntry(seq=6, kind=INTERRUPT, key="k2", label="confirm", ref="i2", payload={}, done=True,
+                     value=pack(("ok", {"approved": True})), answered_by="ops", answered_at=101.0),
+    ]
+    turn = describe_turn(7, MESSAGE, journal, isoformat)
+    assert turn["turn_id"] == 7 and turn["message"] == MESSAGE
+    steps = turn["steps"]
+    assert [s["seq"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert steps[0]["tool_calls"] == [{"name": "delete_file", "arguments": {"path": "old.txt"}}] and steps[0]["status"] == "done"
+    assert steps[1] == {"seq": 2, "kind": TOOL, "label": "delete_file", "status": "running"}
+    assert steps[2]["status"] == "pending" and steps[2]["interrupt_id"] == "i1" and steps[2]["created_at"].endswith("Z")
+    assert steps[3]["status"] == "failed" and steps[3]["error"] == "ValueError: bad"
+    assert len(steps[4]["result"]) < MAX_TEXT + 100 and "more characters" in steps[4]["result"]
+    assert (steps[5]["status"], steps[5]["by"], steps[5]["value"]) == ("resolved", "ops", {"approved": True})
+
+
+def test_unreadable_records_never_raise() -> None:
+    journal = [JournalEntry(seq=1, kind=MODEL, key="m", label="x", done=True, value=b"not a pickle")]
+    [step] = describe_turn(1, MESSAGE, journal, isoformat)["steps"]
+    assert step["status"] == "failed" and "error" in step

@@ -31,6 +31,9 @@ SCHEMA_VERSION = 2
 #: How many events a store keeps for clients that reconnect (``Last-Event-ID``); older ones
 #: are pruned, and a client asking for them is told to reload (a ``reset`` event).
 EVENTS_KEPT = 100_000
+#: The newest events every store also keeps in memory, for the streams a change wakes (the
+#: memory store keeps only these: its whole event log lives in the server's memory).
+RECENT_EVENTS = 10_000
 
 
 class StoreError(Exception):
@@ -185,7 +188,3 @@ class Store(ABC):
     @abstractmethod
     def audit(self, session_id: str) -> list[AuditRecord]:
         """The session's audit records, oldest first."""
-
-    def prune_events(self, keep: int = EVENTS_KEPT) -> int:
-        """Drop all but the newest ``keep`` events; returns how many were dropped."""
-        return 0

@@ -3,7 +3,7 @@
 The server's working copy (``motus.serve.turns``) is the only copy of the sessions, which is
 exactly the behaviour of the first release: a restart loses every session. What only the
 store holds, the event log and the audit records, is kept here in memory: at least the newest
-``EVENTS_KEPT`` events (so a client that reconnects to the same process misses nothing), and
+``RECENT_EVENTS`` events (a client that reconnects after missing more gets a ``reset``), and
 every audit record of a session until it is deleted.
 
 Threads: every method takes ``_lock``; seqs are assigned under it, so they increase in the
@@ -16,14 +16,14 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from motus.serve.protocol import JournalEntry
-from motus.serve.store.base import EVENTS_KEPT, AuditRecord, Event, RecentEvents, SessionRecord, Store
+from motus.serve.store.base import RECENT_EVENTS, AuditRecord, Event, RecentEvents, SessionRecord, Store
 
 
 class MemoryStore(Store):
     kind = "memory"
     durable = False
 
-    def __init__(self, events_kept: int = EVENTS_KEPT) -> None:
+    def __init__(self, events_kept: int = RECENT_EVENTS) -> None:
         self.url = "memory"
         self._lock = threading.Lock()
         self._recent = RecentEvents(events_kept)

@@ -32,6 +32,7 @@ from typing import Any
 from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
+    RECENT_EVENTS,
     RecentEvents,
     SCHEMA_VERSION,
     AuditRecord,
@@ -103,8 +104,6 @@ _ADDED_IN_2 = {
 
 #: Events are pruned (down to ``EVENTS_KEPT``) once every this many inserts.
 _PRUNE_EVERY = 1000
-#: The newest events also kept in memory (streams read them without a query).
-RECENT_EVENTS = 10_000
 
 
 def _dumps(value: Any) -> str | None:

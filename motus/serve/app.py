@@ -467,8 +467,8 @@ def session_events(session_id: str) -> Response:
 
 
 def _client_socket() -> Any:
-    """The client's socket where the WSGI server hands it over (gunicorn does)."""
-    return request.environ.get("gunicorn.socket")
+    """The client's socket where the WSGI server hands it over (gunicorn and Werkzeug do)."""
+    return request.environ.get("gunicorn.socket") or request.environ.get("werkzeug.socket")
 
 
 @api.get("/sessions/<session_id>/grants")

@@ -23,6 +23,10 @@ each says so first: ``Approval 1 of 2``.
   as a string (and the chat says so). An empty line leaves it unanswered
   (:data:`motus.client.SKIP`).
 
+While a turn runs, the chat waits on the session's event stream (``GET
+/sessions/{id}/events``) where the server has one, and long-polls a server without (404, the
+reference), or while every stream slot is taken (503).
+
 Ctrl-C never throws the conversation away and never answers anything:
 
 - at a question, it cancels the question: the interrupt stays pending, and the chat goes
@@ -66,7 +70,16 @@ from http import HTTPStatus
 from types import ModuleType
 from typing import Any, TextIO
 
-from motus.client.library import SKIP, Client, ClientError, InterruptInfo, NotFound, SessionResponse
+from motus.client.library import (
+    SKIP,
+    Client,
+    ClientError,
+    ConnectionFailed,
+    InterruptInfo,
+    NotFound,
+    SessionResponse,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -525,6 +538,9 @@ class Chat:
     _asking: bool = field(default=False, init=False)
     #: The last guarded action was cancelled by Ctrl-C (so one more at the prompt leaves).
     _cancelled: bool = field(default=False, init=False)
+    #: Whether the server has event streams: None until known, False after a 404 (the
+    #: reference server), when every wait is a long poll.
+    _events: bool | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._spinner = Spinner(self.console.stderr)
@@ -677,7 +693,7 @@ class Chat:
         handled: set[str] = set()
         self._spinner.start()
         while True:
-            session = self.client.wait(self._sid)
+            session = self._wait()
             if session.status != "interrupted":
                 return session
             asked = 0
@@ -699,6 +715,39 @@ class Chat:
                 session = self.client.get_session(self._sid)
             if asked == 0:
                 return session  # only interrupts left unanswered remain
+
+    def _wait(self) -> SessionResponse:
+        """The session once it is not running. Woken by the session's event stream where the
+        server has one (the stream opens first, then the session is read, so no change is
+        missed); by long polls against a server without streams (404), while every stream
+        slot is taken (503), or after the stream drops."""
+        if self._events is False:
+            return self.client.wait(self._sid)
+        stream = self.client.events(self._sid, reconnect=False)
+        try:
+            try:
+                next(stream)  # "ready": the stream is open
+            except NotFound:
+                self.client.get_session(self._sid)  # raises NotFound if the session is what is missing
+                self._events = False
+                log.info("the server has no event streams: long-polling instead")
+                return self.client.wait(self._sid)
+            except (Unavailable, ConnectionFailed, StopIteration):
+                return self.client.wait(self._sid)
+            self._events = True
+            session = self.client.get_session(self._sid)
+            while session.status == "running":
+                try:
+                    event = next(stream)
+                except StopIteration:  # the session was deleted: the read says so
+                    return self.client.get_session(self._sid)
+                except ConnectionFailed:
+                    return self.client.wait(self._sid)
+                if event.kind in ("status", "interrupt", "message", "error", "reset"):
+                    session = self.client.get_session(self._sid)
+            return session
+        finally:
+            stream.close()
 
     def _answer(self, info: InterruptInfo, position: tuple[int, int]) -> Any:
         self._spinner.stop()

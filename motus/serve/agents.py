@@ -3,7 +3,11 @@
 Shapes (serving-api.md):
 
 - a plain function ``(message, state) -> (response, new_state)``, sync or async;
-- any object with ``async def run_turn(self, message, state)`` (:class:`ServableAgent`).
+- any object with ``async def run_turn(self, message, state)`` (:class:`ServableAgent`);
+- an agent of a supported framework, detected by its type and wrapped in an adapter from
+  :mod:`motus.frameworks` (see :func:`framework_adapter`): an OpenAI Agents SDK
+  ``agents.Agent`` or a Pydantic AI ``pydantic_ai.Agent``. The framework is imported only
+  when the object's type says it comes from it.
 
 ``load_agent`` is called twice on purpose: once by the server at start-up, so a bad path is
 a clear error before anything listens, and once inside each worker process, which runs the
@@ -72,13 +76,53 @@ def load_agent(path: str) -> Any:
             agent = getattr(agent, part)
         except AttributeError:
             raise AgentLoadError(f"Module {module_name!r} has no attribute {attr!r} (agent path {path!r})") from None
+    adapted = framework_adapter(agent, path)
+    if adapted is not None:
+        return adapted
     check_agent(agent, path)
     return agent
+
+
+#: Frameworks served by an adapter: the top-level module their agent types live in, and the
+#: adapter's module and factory in :mod:`motus.frameworks`.
+FRAMEWORKS = {
+    "agents": ("motus.frameworks.openai_agents", "adapt", "openai-agents"),
+    "pydantic_ai": ("motus.frameworks.pydantic_ai", "adapt", "pydantic-ai"),
+}
+
+
+def framework_adapter(agent: Any, name: str = "agent") -> Any | None:
+    """The adapter serving ``agent`` when it is an agent of a supported framework, else None.
+
+    Detection looks at the modules of the object's type (and its base classes) first, so a
+    framework is imported only for its own objects. A framework object built wrongly is an
+    ``AgentLoadError`` saying what to change."""
+    if isinstance(agent, ServableAgent) or inspect.isfunction(agent) or inspect.ismodule(agent) or isinstance(agent, type):
+        return None
+    for cls in type(agent).__mro__:
+        root = (getattr(cls, "__module__", "") or "").split(".", 1)[0]
+        framework = sys.modules.get(root)
+        if root not in FRAMEWORKS or framework is None or not hasattr(framework, "Agent"):
+            continue  # (a module of the user's that happens to share the name is not it)
+        module_name, factory, extra = FRAMEWORKS[root]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise AgentLoadError(f"{name}: serving a {type(agent).__name__} from {root!r} failed: {exc}; pip install 'motus[{extra}]'") from exc
+        try:
+            adapted = getattr(module, factory)(agent)
+        except (TypeError, ValueError) as exc:
+            raise AgentLoadError(f"{name}: {exc}") from None
+        if adapted is not None:
+            return adapted
+    return None
 
 
 def check_agent(agent: Any, name: str = "agent") -> None:
     """Refuse what is not an agent, or is a function no worker can load (see the module doc)."""
     check_module_level(agent, name)
+    if framework_adapter(agent, name) is not None:
+        return
     if isinstance(agent, ServableAgent):
         if not inspect.iscoroutinefunction(agent.run_turn):
             raise AgentLoadError(f"{name}: run_turn must be 'async def run_turn(self, message, state)'")
@@ -161,6 +205,9 @@ async def run_agent_turn(agent: Any, message: ChatMessage, state: list[ChatMessa
     """Run one turn in whatever shape the agent has; sync code runs in a thread."""
     import asyncio
 
+    adapted = framework_adapter(agent)
+    if adapted is not None:
+        agent = adapted
     if isinstance(agent, ServableAgent):
         return await agent.run_turn(message, state)
     if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(agent, "__call__", None)):

@@ -46,6 +46,7 @@ from motus.serve.schemas import (
 )
 from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, Unauthorized, Unprocessable
 from motus.serve.live import describe_turn
+from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
 from motus.serve.turns import SessionStatus, SessionView
 
@@ -74,6 +75,7 @@ def create_app(server: Any) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = server.max_request_bytes
     app.extensions["motus"] = server
+    install_request_log(app)  # first: a refused request is logged too
     app.before_request(_refuse_cross_site)
     app.register_blueprint(api)
     app.register_error_handler(ServeError, _serve_error)
@@ -332,6 +334,14 @@ def health() -> Response:
     return _json(HealthResponse(**_server().health()))
 
 
+@api.get("/metrics")
+def metrics() -> Response:
+    """Prometheus metrics (text format; OpenMetrics when asked for). A read-only key may
+    read them; ``--metrics-port`` serves them without a key on a port of their own."""
+    body, content_type = _server().metrics.render(request.headers.get("Accept"))
+    return Response(body, content_type=content_type)
+
+
 @api.get("/openapi.json")
 def openapi() -> Response:
     from motus.serve.openapi import openapi_document
@@ -383,7 +393,8 @@ def get_session(session_id: str) -> Response:
     waiters = _server().waiters
     if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
         try:
-            view = turns.wait(session_id, timeout)
+            with _server().metrics.long_poll():
+                view = turns.wait(session_id, timeout)
         finally:
             if waiters is not None:
                 waiters.release()
@@ -439,7 +450,8 @@ def inbox() -> Response:
     turns, waiters = _server().turns, _server().waiters
     if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
         try:
-            found = turns.wait_inbox(kind, timeout)
+            with _server().metrics.long_poll():
+                found = turns.wait_inbox(kind, timeout)
         finally:
             if waiters is not None:
                 waiters.release()

@@ -4,8 +4,9 @@ With one or more keys configured, every API request except ``GET /health`` must 
 ``Authorization: Bearer <key>``. A missing or wrong key is answered 401 with
 ``WWW-Authenticate: Bearer`` before the request body is even read, so it changes nothing.
 
-A key is written ``SECRET`` (named ``default``), ``NAME=SECRET``, or ``NAME=SECRET:read``
-(a read-only key: it may list and watch, and gets 403 on anything that writes). The name is
+A key is written ``SECRET`` (named ``default``), ``NAME=SECRET``, or either followed by
+``:read`` (a read-only key: it may list and watch, and gets 403 on anything that writes).
+Two keys with one secret are refused (which name and scope would it be?). The name is
 what the audit records as who resolved an interrupt. ``NAME`` is letters, digits, ``_``,
 ``-`` and ``.``; a bare secret that itself contains ``=`` is read as named only when the part
 before the first ``=`` is a valid name and the rest is not empty and does not start with
@@ -69,10 +70,11 @@ def parse_key(text: str) -> tuple[str, str, str]:
     name, eq, rest = text.partition("=")
     if eq and _NAME.fullmatch(name) and rest and not rest.startswith("="):
         secret = rest
-        if secret.endswith(":read") and len(secret) > len(":read"):
-            secret, scope = secret[: -len(":read")], READ
-        return name, secret, scope
-    return DEFAULT_NAME, text, WRITE
+    else:
+        name, secret = DEFAULT_NAME, text
+    if secret.endswith(":read") and len(secret) > len(":read"):
+        secret, scope = secret[: -len(":read")], READ
+    return name, secret, scope
 
 
 class ApiKeys:
@@ -84,6 +86,10 @@ class ApiKeys:
             name, secret, scope = parse_key(raw)
             if secret:
                 parsed.append(_Key(name, secret.encode(), scope))
+        secrets = [key.secret for key in parsed]
+        if len(set(secrets)) != len(secrets):
+            # Which name and scope would a request get? Refuse rather than pick one.
+            raise ValueError("Two API keys have the same secret; give each key a secret of its own")
         self._keys = tuple(parsed)
 
     @classmethod

@@ -143,6 +143,8 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--webhook-allow", "webhook_allow", multiple=True, metavar="CIDR|HOST", help="Let webhooks reach this network or host even where it would be refused (repeatable)."),
         click.option("--max-streams", default=64, show_default=True, type=click.IntRange(0), help="Event streams (GET /events) open at once; each holds a request thread; 0 = no cap."),
         click.option("--webhook-secret", "webhook_secret", default=None, envvar=WEBHOOK_SECRET_ENV_VAR, metavar="SECRET", help="Sign webhook deliveries (X-Motus-Signature: sha256=HMAC of the body); default: $MOTUS_WEBHOOK_SECRET."),
+        click.option("--log-format", "log_format", default="text", show_default=True, type=click.Choice(["text", "json"]), help="Log lines as text, or one JSON object per line; each request is logged (at info) with its request id."),
+        click.option("--metrics-port", "metrics_port", default=None, type=click.IntRange(1, 65535), metavar="PORT", help="Also serve Prometheus metrics at /metrics on this port of --host, without an API key (GET /metrics on the main port asks for one when keys are set)."),
         click.option("--read-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Drop a client that takes longer than this to send its request headers or body (s)."),
     ]
     for option in reversed(options):
@@ -150,11 +152,10 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s",
-    )
+def configure_logging(level: str, log_format: str = "text") -> None:
+    from motus.serve.logs import configure_logging as configure
+
+    configure(level, log_format)
 
 
 def check_agent_path(agent: str) -> None:
@@ -183,11 +184,28 @@ def check_port_free(host: str, port: int) -> None:
             raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
+def check_metrics_port(opts: dict[str, Any]) -> None:
+    """``--metrics-port``: another port than ``--port``, and free."""
+    port = opts.get("metrics_port")
+    if port is None:
+        return
+    if port == opts["port"]:
+        raise click.UsageError("--metrics-port must differ from --port")
+    try:
+        check_port_free(opts["host"], port)
+    except click.ClickException as exc:
+        raise click.ClickException(exc.message.replace("--port", "--metrics-port")) from None
+
+
 def warn_if_exposed(host: str, api_keys: tuple[str, ...]) -> None:
     """Binding beyond loopback with no key lets anyone approve tool calls: say so."""
     from motus.serve.auth import ApiKeys, exposure_warning
 
-    warning = exposure_warning(host, ApiKeys.from_sources(api_keys))
+    try:
+        keys = ApiKeys.from_sources(api_keys)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    warning = exposure_warning(host, keys)
     if warning:
         click.secho(warning, fg="yellow", err=True)
 
@@ -207,11 +225,19 @@ def web_chat_address(host: str, port: int) -> str:
     return f"http://{host}:{port}/ui/"
 
 
+def stream_budget(opts: dict[str, Any]) -> int:
+    """``--max-streams``, at most the threads left once long polls get one and
+    ``RESERVED_THREADS`` are kept back (0, "no cap", means exactly that many)."""
+    room = max(1, opts["threads"] - RESERVED_THREADS - 1)
+    wanted = opts.get("max_streams", 64)
+    return room if not wanted else min(wanted, room)
+
+
 def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
     def build() -> Any:
         from motus.serve.server import AgentServer
 
-        configure_logging(opts["log_level"])
+        configure_logging(opts["log_level"], opts.get("log_format", "text"))
         server = AgentServer(
             opts["agent"],
             max_workers=opts["workers"],
@@ -228,11 +254,15 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             max_request_bytes=opts["max_request_bytes"],
             max_wait=opts["max_wait"],
             max_interrupts=opts["max_interrupts"],
-            max_waiters=max(1, opts["threads"] - RESERVED_THREADS),
-            max_streams=opts.get("max_streams", 64),
+            # Long polls and event streams share the request threads, and together must leave
+            # RESERVED_THREADS for resumes and health checks: streams get up to --max-streams,
+            # long polls what remains (a poll past its cap answers at once instead of waiting).
+            max_waiters=max(1, opts["threads"] - RESERVED_THREADS - stream_budget(opts)),
+            max_streams=stream_budget(opts),
             webhook_secret=opts.get("webhook_secret"),
             store=opts["store"],
             park_after=opts["park_after"],
+            metrics_port=opts.get("metrics_port"),
         )
         if not opts["no_ui"] and opts.get("port"):
             log.info("web chat: %s", web_chat_address(opts["host"], opts["port"]))
@@ -252,7 +282,7 @@ def start(**opts: Any) -> None:
     """Serve AGENT (module.path:attribute) with gunicorn: one process, many threads."""
     from motus.serve.gunicorn_app import run_gunicorn
 
-    configure_logging(opts["log_level"])
+    configure_logging(opts["log_level"], opts["log_format"])
     given = list(opts["api_keys"]) or [key for key in os.environ.get(ENV_VAR_API_KEY, "").split(",") if key.strip()]
     hide_keys_by_reexec(given)  # returns only once the keys are out of environ and argv
     handed = keys_from_reexec()
@@ -260,6 +290,7 @@ def start(**opts: Any) -> None:
         opts["api_keys"] = tuple(handed)
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
+    check_metrics_port(opts)
     opts["store"] = resolve_store(opts)
     warn_if_exposed(opts["host"], tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file"))))
     sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
@@ -271,6 +302,7 @@ def start(**opts: Any) -> None:
         shutdown_timeout=opts["shutdown_timeout"],
         log_level=opts["log_level"],
         read_timeout=opts["read_timeout"],
+        log_format=opts["log_format"],
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -88,3 +89,16 @@ class Events:
         for watch in watches:
             with watch.cond:
                 watch.cond.notify_all()
+
+
+def isoformat(when: float | None) -> str | None:
+    """A wall-clock time as ISO 8601 in UTC with milliseconds (``...T12:00:00.000Z``)."""
+    if when is None:
+        return None
+    try:
+        moment = datetime.fromtimestamp(when, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        # Past what a date can hold (an interrupt timeout of 1e12 s, say): the farthest date
+        # there is, or the earliest, rather than a 500 on every view and stream showing it.
+        moment = datetime.max.replace(tzinfo=timezone.utc) if when > 0 else datetime.min.replace(tzinfo=timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -25,6 +25,7 @@ from flask.cli import AppGroup
 
 from motus.serve.cli import (
     check_agent_path,
+    check_metrics_port,
     check_port_free,
     configure_logging,
     read_key_file,
@@ -104,6 +105,9 @@ def request_handler(read_timeout: float) -> type:
             self._reader = _DeadlineSocketReader(self.connection, read_timeout)
             self.rfile = io.BufferedReader(self._reader)
 
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:
+            pass  # the application logs each request itself (motus.access), with its request id
+
         def handle_one_request(self) -> None:
             self._reader.deadline = time.monotonic() + read_timeout
             super().handle_one_request()
@@ -119,9 +123,10 @@ def serve_command(**opts: Any) -> None:
     """Serve AGENT (module.path:attribute) on Werkzeug's threaded server."""
     from werkzeug.serving import run_simple
 
-    configure_logging(opts["log_level"])
+    configure_logging(opts["log_level"], opts["log_format"])
     check_agent_path(opts["agent"])
     check_port_free(opts["host"], opts["port"])
+    check_metrics_port(opts)
     opts["store"] = resolve_store(opts)
     warn_if_exposed(opts["host"], tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file"))))
     server = server_factory(opts)()

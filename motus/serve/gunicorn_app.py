@@ -22,8 +22,9 @@ Guarantees:
   ``--read-timeout`` seconds after it began (a new connection: when it was accepted; a
   kept-alive one: when its next request began) is answered 408 and dropped, however steadily
   it trickles; one past a limit or with framing that cannot be read safely gets a 4xx that
-  names the problem. The thread's answer is sent by the main loop too, and a client that
-  does not take it within ``--read-timeout`` (plus a second per 256 KiB) is disconnected.
+  names the problem. Nor does a thread wait to write its answer: what the socket does not
+  take at once is sent by the main loop, and a client that does not take it within
+  ``--read-timeout`` (plus a second per 256 KiB) is disconnected.
   Memory held for clients is bounded (``MAX_BUFFERED_TOTAL``). See ``MotusWorker``.
 """
 
@@ -641,8 +642,9 @@ class MotusWorker(ThreadWorker):
       to a thread, which parses it from memory (``_HeldRequest``). A request still
       incomplete at its deadline is answered 408 and closed; one past a limit (head, body,
       framing) is answered with a 4xx naming the problem.
-    - The thread's answer is kept (``_Answer``) and sent by the main loop, which closes the
-      connection of a client that does not take it in time.
+    - The thread writes its answer without waiting (``_Answer``): what the socket does not
+      take at once is kept and sent by the main loop, which closes the connection of a
+      client that does not take it in time.
     - Idle connections (new, or kept alive between requests) and connections being closed
       (``_linger``) wait in the selector too.
 
@@ -718,7 +720,8 @@ class MotusWorker(ThreadWorker):
         if counts["unread"]:
             parts.append(f"closed {counts['unread']} connection(s) whose client did not take its answer in time")
         if parts:
-            self.log.warning("%s; a reverse proxy in front of motus can absorb slow clients", "; ".join(parts).capitalize())
+            text = "; ".join(parts)
+            self.log.warning("%s; a reverse proxy in front of motus can absorb slow clients", text[0].upper() + text[1:])
             self._counts_logged_at = now
 
     def _close(self, conn: Any) -> None:
@@ -1038,6 +1041,7 @@ def run_gunicorn(
     shutdown_timeout: float,
     log_level: str = "info",
     read_timeout: float = 10.0,
+    log_format: str = "text",
 ) -> None:
     """Serve ``factory()``'s app (called in the worker, after the fork) until stopped.
 
@@ -1063,6 +1067,11 @@ def run_gunicorn(
         "proc_name": "motus-serve",
         "control_socket_disable": True,
     }
+    from motus.serve.logs import gunicorn_logger_class
+
+    logger_class = gunicorn_logger_class(log_format)  # --log-format json: gunicorn's lines too
+    if logger_class is not None:
+        options["logger_class"] = logger_class
     application = _Application(factory, options)
     application.motus_read_timeout = read_timeout
     application.run()

@@ -251,6 +251,17 @@ async def interrupt(payload: dict[str, Any], *, timeout: float | None = None, de
     return await channel.interrupt(payload, timeout=timeout, default=default)
 
 
+def was_asked(payload: dict[str, Any]) -> bool:
+    """Whether this turn's first run raised an interrupt with ``payload`` that a replay has
+    not reached yet. The approval gate asks this before letting a call through on a grant:
+    a grant learned from one answer during a replay must not skip a gate that, in the first
+    run, had already asked (and may have been rejected)."""
+    channel = _channel
+    if channel is None:
+        return False
+    return channel.journal.has_unconsumed(INTERRUPT, canonical_payload(_as_json_object(payload)))
+
+
 def session_grants() -> set[str]:
     """The tools this session approved "for the session" (empty outside a worker). The
     approval gate reads and adds to it; nothing else should."""

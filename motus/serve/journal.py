@@ -175,6 +175,11 @@ class Journal:
         with self._lock:
             return bool(self._unconsumed)
 
+    def has_unconsumed(self, kind: str, key: str) -> bool:
+        """Whether a record of this kind and key waits to be replayed (nothing is claimed)."""
+        with self._lock:
+            return any(entry.kind == kind and entry.key == key for entry in self._unconsumed)
+
     def _try_claim(self, kind: str, key: str, label: str) -> tuple[JournalEntry | None, JournalEntry | None]:
         """``(record to replay, None)``, ``(None, None)`` for a new call, or ``(None,
         conflicting record)`` while an unconsumed record of the same kind and label waits."""

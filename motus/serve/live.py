@@ -34,14 +34,16 @@ def _cut(text: str) -> str:
 
 
 def _shown(value: Any) -> Any:
-    """A JSON-ready, bounded rendering of a recorded value."""
+    """A JSON-ready, bounded rendering of a recorded value. A recorded value may be anything
+    picklable (a step's set, bytes, NaN): what is returned is plain JSON, never the value
+    itself, so the response can always be serialised."""
     if isinstance(value, str):
         return _cut(value)
     try:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
+        text = json.dumps(value, ensure_ascii=False, default=str, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
         return _cut(repr(value))
-    return value if len(text) <= MAX_TEXT else _cut(text)
+    return json.loads(text) if len(text) <= MAX_TEXT else _cut(text)
 
 
 def _outcome(entry: JournalEntry) -> tuple[str, Any]:
@@ -67,9 +69,12 @@ def model_reply(reply: Any) -> dict[str, Any] | None:
         return None
     choices = reply.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message") or {}
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            return None  # not the shape motus reads: shown by its label only
+        tool_calls = message.get("tool_calls")
         calls = []
-        for call in message.get("tool_calls") or []:
+        for call in tool_calls if isinstance(tool_calls, list) else []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 calls.append({"name": str(function.get("name")), "arguments": _arguments(function.get("arguments"))})

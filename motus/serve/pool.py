@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from motus.serve.agents import agent_module, needs_main
 from motus.serve.errors import ServerUnavailable
 from motus.serve.interrupt import EXIT_GRACE_SECONDS
+from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.protocol import Failure, Job, Result
 from motus.serve.worker import worker_main
 
@@ -203,7 +204,9 @@ class WorkerPool:
         warm: int = 2,
         busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Hooks = NO_METRICS,
     ) -> None:
+        self.metrics = metrics
         # Enough warm processes for a burst of new turns, and as many again so a refill can
         # wait until no turn is running (see _should_spawn_locked).
         self.warm_target = warm
@@ -244,6 +247,11 @@ class WorkerPool:
         """Processes this pool has started and not yet reaped (warm spares included)."""
         with self._lock:
             return len(self._procs) + len(self._warm)
+
+    def stats(self) -> dict[str, int]:
+        """For metrics: processes alive (warm ones included) and warm ones ready."""
+        with self._lock:
+            return {"processes": len(self._procs) + len(self._warm), "warm": len(self._warm)}
 
     def launch(self, handle: Handle) -> None:
         """Run ``handle.job`` in a fresh process now, or as soon as a warm one is ready. A
@@ -438,7 +446,9 @@ class WorkerPool:
                 self._spawning += 1
             warm, error, failed = None, None, []
             try:
+                started = time.perf_counter()
                 warm = self._start_process()
+                self.metrics.worker_started(time.perf_counter() - started)
             except Exception as exc:
                 error = f"Could not start a worker process: {type(exc).__name__}: {exc}"
                 self._log_start_failure(error)

@@ -25,6 +25,7 @@ from motus.serve.auth import ENV_VAR as API_KEY_ENV_VAR
 from motus.serve.auth import ApiKeys, is_loopback
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
+from motus.serve.metrics import ServerMetrics
 from motus.serve.pool import WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME, PoolClosed, WorkerPool
 from motus.serve.store import Store, StoreError, default_store_url, store_from_url
 from motus.serve.streams import StreamSlots
@@ -85,6 +86,7 @@ class AgentServer:
         agent_fn: Any = None,
         max_streams: int = DEFAULT_MAX_STREAMS,
         webhook_secret: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         agent = _one_agent(agent, agent_fn)
         self._agent_blob: bytes | None = None
@@ -141,6 +143,12 @@ class AgentServer:
             max_interrupts=max_interrupts,
             on_end=self.webhooks.send,
         )
+        #: Prometheus metrics (``GET /metrics``; with ``metrics_port``, also served there
+        #: without an API key, on ``host``, from ``start()``).
+        self.metrics = ServerMetrics(self)
+        self.metrics.instrument_store(self.store)
+        self.turns.metrics = self.webhooks.metrics = self.metrics
+        self.metrics_port = metrics_port
         self._start_lock = threading.Lock()
         self._pool: WorkerPool | None = None
         self._started_pid: int | None = None
@@ -192,12 +200,15 @@ class AgentServer:
                 agent_blob=self._agent_blob,
                 warm=self.warm_workers if self.warm_workers is not None else min(2 * self.max_workers, 16),
                 busy=self.turns.busy,
+                metrics=self.metrics,
             )
             _raise_open_file_limit()
             pool.start()
             self._pool = pool
             self._started_pid = os.getpid()
             self.turns.start(pool)
+            if self.metrics_port is not None:
+                self.metrics.serve(self.host, self.metrics_port)
             atexit.register(self.shutdown)
             log.info(
                 "serving %s with %d worker slots, store %s (%d sessions, %d turns to replay)",
@@ -235,6 +246,7 @@ class AgentServer:
             pool.shutdown()
             self.store.close()
         self.webhooks.close()
+        self.metrics.close()
         atexit.unregister(self.shutdown)
 
     # -- operations used by the views -------------------------------------------------

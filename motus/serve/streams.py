@@ -17,9 +17,10 @@ What a stream sends::
 Event kinds: ``status`` (``{"status"}``: idle, running, interrupted, error, deleted),
 ``interrupt`` (the interrupt as the inbox shows it), ``resolved`` (``interrupt_id``, ``by``,
 ``value``, ``reason``: resume or timeout), ``message`` (the turn's response), ``error``,
-``grant`` and ``revoke``. A client that asks for events older than the log still keeps gets a
-``reset`` event (reload the state, then carry on from its id). A session's stream ends after
-its ``deleted`` status; every stream ends when the server shuts down.
+``grant`` and ``revoke``. A client that asks for events older than the log still keeps, or
+after an id the log never issued (one from an earlier server life), gets a ``reset`` event
+(reload the state, then carry on from its id). A session's stream ends after its ``deleted``
+status; every stream ends when the server shuts down.
 
 Streams hold a request thread each, so at most ``--max-streams`` are open at once (503
 beyond), leaving the other threads to resumes and health checks.
@@ -36,13 +37,12 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 from flask import Response
 
 from motus.serve.errors import BadRequest, TooManyStreams
-from motus.serve.events import ALL
+from motus.serve.events import ALL, isoformat
 from motus.serve.store import Event
 
 #: A comment line this often keeps proxies from closing an idle stream.
@@ -54,13 +54,6 @@ BATCH = 200
 #: While idle, a stream looks this often whether its client hung up, so a closed stream's
 #: slot is free again within about this long rather than at the next keepalive.
 PEER_CHECK_SECONDS = 2.0
-
-
-def isoformat(when: float | None) -> str | None:
-    """A wall-clock time as ISO 8601 in UTC with milliseconds (``...T12:00:00.000Z``)."""
-    if when is None:
-        return None
-    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def event_data(event: Event) -> dict[str, Any]:
@@ -81,7 +74,7 @@ def _cursor(last_event_id: str | None, after: str | None) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:  # isdigit alone takes "²", which int() refuses
         source = "Last-Event-ID header" if last_event_id not in (None, "") else "query parameter 'after'"
         raise BadRequest(f"The {source} must be an event id (a whole number >= 0), got {raw[:40]!r}")
     return int(text)
@@ -136,11 +129,14 @@ class _Stream:
         if self.after is None:
             last = newest
             yield format_event(newest, "ready", {"last_event_id": newest, "session_id": self.session_id})
-        elif oldest and self.after < oldest - 1:
+        elif (oldest and self.after < oldest - 1) or self.after > newest:
+            # Older than the log keeps, or newer than any id it issued (an id from an earlier
+            # server life: a memory store starts again at 1): either way events were missed.
             last = newest
+            why = (f"events after {self.after} are no longer kept (the oldest kept is {oldest})" if self.after <= newest
+                   else f"event {self.after} was never issued by this server (the newest is {newest})")
             yield format_event(newest, "reset", {
-                "reason": f"events after {self.after} are no longer kept (the oldest kept is {oldest}); reload the state",
-                "last_event_id": newest, "session_id": self.session_id,
+                "reason": f"{why}; reload the state", "last_event_id": newest, "session_id": self.session_id,
             })
         else:
             last = self.after

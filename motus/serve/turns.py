@@ -70,6 +70,7 @@ from motus.serve.errors import (
 )
 from motus.serve.events import ALL, Events
 from motus.serve.journal import canonical_payload, pack, unpack
+from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
 from motus.serve.store import AuditRecord, Event, SessionRecord, Store, TurnRecord
@@ -93,6 +94,9 @@ NOT_WAITING = "Session not actively waiting for resume"
 TIMED_OUT = "Agent timed out"
 CANCELLED = "Turn cancelled"
 EXITED = "Worker process exited unexpectedly"
+
+#: How a turn ended, for metrics (``motus_turns_ended_total{outcome}``); any other error is "error".
+_OUTCOMES: dict[str | None, str] = {None: "idle", TIMED_OUT: "timeout", CANCELLED: "cancelled", EXITED: "exited"}
 
 #: Who resolved an interrupt that expired (``answered_by`` and the audit's ``by``).
 BY_TIMEOUT = "timeout"
@@ -190,6 +194,7 @@ class Turn:
     backlog: deque[object] = field(default_factory=deque)  # worker messages the store has not taken yet
     backlog_since: float = 0.0  # monotonic
     grants: tuple[str, ...] = ()  # the session's grants when the turn started (replays see the same)
+    started: float = field(default_factory=time.monotonic)  # for the turn duration metric
 
     def calls_in_flight(self) -> bool:
         """Whether a journaled call (a tool body, a step, a model request) has started and
@@ -336,6 +341,7 @@ class Turns:
         self._stopped = False
         self._draining_done = False  # the shutdown grace is over: no slot is handed out
         self._housekeeper: threading.Thread | None = None
+        self.metrics: Hooks = NO_METRICS  # the server's metrics (see metrics.py)
 
     # -- start and stop ------------------------------------------------------------------
 
@@ -561,6 +567,21 @@ class Turns:
             running = self.max_workers - self._free_slots
         return {"running_workers": running, "live_turns": live, "parked_turns": parked}
 
+    def interrupt_counts(self) -> tuple[int, int]:
+        """For metrics: interrupts waiting on a person, and how many of them belong to
+        parked turns."""
+        pending = parked = 0
+        for session in self._all():
+            with session.lock:
+                turn = session.turn
+                if turn is None or session.status is not SessionStatus.INTERRUPTED:
+                    continue
+                count = len(turn.pending())
+                pending += count
+                if turn.state is TurnState.PARKED:
+                    parked += count
+        return pending, parked
+
     def wait(self, session_id: str, timeout: float) -> SessionView:
         """Block until the session is not ``running`` or ``timeout`` seconds pass; at once
         while the server is closing. ``SessionNotFound`` if it is (or gets) deleted."""
@@ -608,6 +629,7 @@ class Turns:
             turn = session.turn
             if turn is not None and turn.state is not TurnState.ENDED:
                 self._stop_turn_locked(turn, after)
+                self.metrics.turn_ended("deleted", time.monotonic() - turn.started)
                 for entry in turn.pending():
                     session.retire(entry.ref or "", "the session was deleted")
             with self._registry:
@@ -669,6 +691,7 @@ class Turns:
             session.status, session.response, session.error, session.touched = SessionStatus.RUNNING, None, None, now
             after.queued.append(turn)
             after.publish.append(session_id)
+            self.metrics.turn_started()
         if turn.deadline is not None:
             self._schedule(turn.deadline, "timeout", turn)
         self._finish(after)
@@ -724,6 +747,7 @@ class Turns:
         turn.journal[answered.seq] = answered
         session.status, session.touched, session.grants = status, now, grants
         session.retire(interrupt_id, "it expired and was resolved with its default" if expired else "it was already resumed")
+        self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
         message = Resume(interrupt_id=interrupt_id, value=value)
         if turn.state is TurnState.WAITING:
             if last:
@@ -824,6 +848,7 @@ class Turns:
                     error = f"Could not save the turn to the session store: {exc.detail}"
                     session.status, session.error = SessionStatus.ERROR, error
                     self._stop_turn_locked(turn, after)
+                    self.metrics.turn_ended("error", time.monotonic() - turn.started)
                     session.turn = None
                     after.publish.append(session.session_id)
         self._finish(after)
@@ -860,6 +885,8 @@ class Turns:
         self._save(session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry], events)
         turn.journal[entry.seq] = entry
         session.status, session.touched = SessionStatus.INTERRUPTED, now
+        if entry is not known:
+            self.metrics.interrupt_raised()
         if entry is not known and entry.expires_at is not None:
             self._schedule(entry.expires_at, "expire", turn, arg=entry.seq)
         if entry is not known and _webhook_wants(turn.webhook, "interrupted"):
@@ -904,6 +931,7 @@ class Turns:
             session.retire(entry.ref or "", why)
         session.status, session.response, session.error, session.state, session.touched = status, response, error, new_state, now
         self._stop_turn_locked(turn, after)
+        self.metrics.turn_ended(_OUTCOMES.get(error, "error"), time.monotonic() - turn.started)
         session.turn = None  # its journal goes with it; late messages from it are ignored
         after.publish.append(session.session_id)
         if error is not None:

@@ -79,6 +79,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import quote, unquote, urlsplit
 
+from motus.serve.events import isoformat
+from motus.serve.metrics import NO_METRICS, Hooks
+
 if TYPE_CHECKING:
     from motus.serve.turns import TurnEnd
 
@@ -467,8 +470,11 @@ def webhook_body(end: TurnEnd, timestamp: int | None = None) -> dict[str, Any]:
         "error": end.error,
         "messages": end.messages if include else None,
     }
-    if end.interrupts is not None:
-        body["interrupts"] = end.interrupts
+    if end.interrupts is not None:  # times as the events and the inbox show them
+        body["interrupts"] = [
+            {**item, "created_at": isoformat(item.get("created_at")), "expires_at": isoformat(item.get("expires_at"))}
+            for item in end.interrupts
+        ]
     if timestamp is not None:
         body["timestamp"] = timestamp
     return body
@@ -754,6 +760,7 @@ class WebhookSender:
         self._threads: list[threading.Thread] = []
         self._closing = False
         self._stop = False
+        self.metrics: Hooks = NO_METRICS  # the server's metrics (see metrics.py)
 
     @staticmethod
     def _parse_allow(entries: list[str]) -> Allow:
@@ -788,6 +795,7 @@ class WebhookSender:
                     self._ready.append(end.session_id)
                     self._wake()
         if dropped:
+            self.metrics.webhook("dropped")
             log.warning("webhook for session %s to %s dropped: %s", end.session_id, redact(end.webhook.get("url") if end.webhook else None), dropped)
 
     def _wake(self, coming: int = 0) -> None:
@@ -814,11 +822,13 @@ class WebhookSender:
                 cancel = _Cancel()
                 self._running[session_id] = cancel
             try:
-                deliver(
+                delivered = deliver(
                     end, allow=self.allow, exposed=self.exposed, timeout=self.timeout,
                     resolver=self._resolver, ssl_context=self._ssl_context, cancel=cancel, secret=self.secret,
                 )
+                self.metrics.webhook("delivered" if delivered else "failed")
             except BaseException as exc:  # noqa: BLE001 - nothing may end a delivery thread
+                self.metrics.webhook("error")
                 log.error("webhook for session %s to %s failed unexpectedly: %s", session_id, _safe_redact(end), type(exc).__name__)
                 log.debug("where: %s", "".join(traceback.format_tb(exc.__traceback__)))
             finally:

@@ -94,13 +94,13 @@ def approval_gate(
     async def approval(**arguments: Any) -> dict[str, Any] | None:
         if callable(requires_approval) and not await call_with_declared(requires_approval, arguments):
             return None
-        from motus.serve.interrupt import interrupt, session_grants  # worker-only machinery
+        from motus.serve.interrupt import interrupt, session_grants, was_asked  # worker-only machinery
 
         grants = session_grants()
-        if tool_name in grants:
-            return None  # approved for the session earlier
         shown = to_jsonable_python(arguments)
         payload = {"type": "tool_approval", "tool_name": tool_name, "tool_args": shown}
+        if tool_name in grants and not was_asked(payload):
+            return None  # approved for the session earlier (and, on a replay, not asked the first time)
         if approval_timeout is None:
             value = await interrupt(payload)
         else:

@@ -20,6 +20,11 @@ def test_custom_interrupt_answered_with_json(open_chat, ui_server):
     expect(card.locator("pre.payload")).to_contain_text('"prompt": "Pick a brand color for the export"')
     expect(card.locator("pre.payload")).to_contain_text('"#4ECDC4"')
     answer = card.get_by_label("Your answer (JSON)")
+    # The answer hint comes from the payload: its presets, each one click away.
+    expect(card.locator(".hint")).to_contain_text('presets: "#FF6B6B", "#4ECDC4", "#FFE66D"')
+    card.get_by_role("button", name='Use "#FFE66D"').click()
+    expect(answer).to_have_value('"#FFE66D"')
+    answer.fill("")
 
     card.get_by_role("button", name="Send answer").click()
     expect(card.get_by_role("alert")).to_have_text("Enter a JSON value.")
@@ -49,9 +54,43 @@ def test_agent_text_is_shown_as_text_never_as_html(open_chat, ui_server):
     chat.shot("script-as-text")
 
 
-def test_running_state_and_one_long_poll(open_chat, ui_server, tmp_path):
+def test_running_state_waits_on_the_event_stream(open_chat, ui_server, tmp_path):
     gate = tmp_path / "gate"
     chat = open_chat(ui_server).open()
+    with chat.page.expect_request(lambda request: request.url.endswith("/events")):
+        chat.send(f"gate {gate}")
+    expect(chat.status()).to_have_text("The agent is working…")
+    expect(chat.page.locator("#running")).to_be_visible()
+    expect(chat.page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
+    expect(chat.page.locator(".msg.user.pending .text")).to_have_text(f"gate {gate}")
+    # While the turn runs, the page listens to its one event stream and never long-polls.
+    streams = [r.url for r in chat.requests if r.url.endswith(f"/sessions/{chat.session_id}/events")]
+    assert len(streams) == 1, streams
+    assert not [r.url for r in chat.requests if "wait=true" in r.url]
+
+    gate.touch()
+    expect(chat.reply("gate opened")).to_be_visible()
+    expect(chat.page.locator("#running")).to_be_hidden()
+    expect(chat.status()).to_have_text("Ready")
+    expect(chat.page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+    assert not [r.url for r in chat.requests if "wait=true" in r.url]
+
+
+def without_event_streams(chat) -> None:
+    """Make the page see a server without event streams (the reference product): its
+    events routes answer 404 exactly as an unknown route of this server does."""
+    body = '{"detail": "Not found: no route for GET /events"}'
+    chat.page.route(
+        lambda url: url.endswith("/events") or "/events?" in url,
+        lambda route: route.fulfill(status=404, content_type="application/json", body=body),
+    )
+
+
+def test_running_state_and_one_long_poll_without_event_streams(open_chat, ui_server, tmp_path):
+    gate = tmp_path / "gate"
+    chat = open_chat(ui_server)
+    without_event_streams(chat)
+    chat.open()
     with chat.page.expect_request(lambda request: "wait=true" in request.url):
         chat.send(f"gate {gate}")
     expect(chat.status()).to_have_text("The agent is working…")
@@ -69,6 +108,8 @@ def test_running_state_and_one_long_poll(open_chat, ui_server, tmp_path):
     expect(chat.page.locator("#running")).to_be_hidden()
     expect(chat.status()).to_have_text("Ready")
     expect(chat.page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+    # It tried the stream once, then kept to long polls.
+    assert len([r for r in chat.requests if "/events" in r.url]) == 1
 
 
 def test_a_failed_turn_shows_its_error(open_chat, ui_server):

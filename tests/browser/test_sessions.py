@@ -34,7 +34,7 @@ def test_create_list_switch_reload_and_delete_sessions(open_chat, ui_server):
     second = chat.session_id
     assert second != first
 
-    sessions = page.get_by_role("navigation", name="Sessions").get_by_role("link")
+    sessions = page.get_by_role("navigation", name="Sessions").locator("#session-list").get_by_role("link")
     expect(sessions).to_have_count(2)
     expect(page.locator('.session-list a[aria-current="page"]')).to_have_attribute("data-sid", second)
     chat.shot("two-sessions")
@@ -124,7 +124,8 @@ def test_phone_width(open_chat, example_server):
     expect(nav).to_be_hidden()
     toggle.click()
     expect(toggle).to_have_attribute("aria-expanded", "true")
-    expect(nav.get_by_role("link")).to_have_count(1)
+    expect(nav.locator("#session-list").get_by_role("link")).to_have_count(1)
+    expect(nav.get_by_role("link", name="Inbox")).to_be_visible()
     chat.shot("phone-sessions")
 
 

@@ -416,7 +416,7 @@ def test_a_bare_key_is_named_default(start_server: Callable[..., Server], sandbo
 def verify(secret: str, raw: bytes, headers: dict[str, str], tolerance: float = 300) -> bool:
     """The README's verification snippet, as a receiver writes it."""
     expected = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, headers.get("x-motus-signature", "")):
+    if not hmac.compare_digest(expected.encode(), headers.get("x-motus-signature", "").encode("utf-8", "replace")):
         return False
     sent = int(headers.get("x-motus-timestamp", "0"))
     return abs(time.time() - sent) <= tolerance and json.loads(raw).get("timestamp") == sent

@@ -25,6 +25,7 @@ ROUTES = [
     ("get", "/sessions/{sid}/messages"),
     ("post", "/sessions/{sid}/resume"),
     ("get", "/openapi.json"),
+    ("get", "/metrics"),
 ]
 
 

@@ -115,11 +115,22 @@ function conversationItems(messages, session) {
   if (live) {
     const message = live.message && typeof live.message === "object" ? live.message : { role: "user", content: loadPending(view.sid) };
     items.push({ kind: "pending", text: String(message.content ?? ""), at: view.turnStartedAt, live: true });
+    const called = []; // tool calls the model's steps showed, not yet matched to a gate
     for (const step of Array.isArray(live.steps) ? live.steps : []) {
       if (!step || typeof step !== "object") continue;
       if (step.kind === "interrupt") {
+        const payload = step.payload && typeof step.payload === "object" ? step.payload : {};
+        if (typeof payload.tool_name === "string") {
+          // A gated call the model's steps did not show (or a model that is not journaled).
+          const shown = called.indexOf(payload.tool_name);
+          if (shown >= 0) called.splice(shown, 1);
+          else items.push({ kind: "step", step: { kind: "model", seq: step.seq, status: "done", gate: true, tool_calls: [{ name: payload.tool_name, arguments: payload.tool_args ?? {} }] } });
+        }
         if (step.status === "resolved") items.push({ kind: "record", record: { ...step, reason: step.by === "timeout" ? "timeout" : "resume" } });
-      } else items.push({ kind: "step", step });
+      } else {
+        if (step.kind === "model") for (const call of step.tool_calls || []) if (call && call.name) called.push(call.name);
+        items.push({ kind: "step", step });
+      }
     }
   } else {
     const pending = view.sid ? loadPending(view.sid) : null;

@@ -34,8 +34,9 @@ export function openInbox() {
   $("inbox-title").focus();
 }
 
+/** Leave the Inbox view; true if it was open. */
 export function closeInbox() {
-  if (!inbox.open) return;
+  if (!inbox.open) return false;
   inbox.open = false;
   inbox.generation += 1;
   for (const controller of inbox.controllers) controller.abort();
@@ -47,6 +48,7 @@ export function closeInbox() {
   $("inbox-view").hidden = true;
   delete $("main").dataset.view;
   $("inbox-link").removeAttribute("aria-current");
+  return true;
 }
 
 function wake() {

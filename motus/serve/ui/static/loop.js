@@ -53,8 +53,8 @@ export function route() {
     openInbox();
     return;
   }
-  closeInbox();
-  if (sid === view.sid) return;
+  const leftInbox = closeInbox();
+  if (sid === view.sid && !(leftInbox && !sid)) return;
   if (sid) openSession(sid);
   else closeSession();
 }

@@ -1,0 +1,163 @@
+"""The approvals workflow in the web chat (issue 13): live events, the live turn seen by an
+approver elsewhere, the inline record of each decision, numbered concurrent cards, safe
+Markdown, and the Inbox across sessions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.browser
+
+CALLS_AGENT = "tests.approval_agents:calls"
+
+
+def _ms(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
+
+
+def test_an_approver_elsewhere_sees_the_turn_above_the_card(open_chat, example_server):
+    chat = open_chat(example_server).open()
+    chat.send("delete the old logs file")
+    expect(chat.card("Approve this tool call?")).to_be_visible()
+
+    # Another browser context: no sessionStorage of the sender, only the server's view.
+    other = open_chat(example_server).open(chat.session_id)
+    card = other.card("Approve this tool call?")
+    expect(card).to_be_visible()
+    user = other.page.locator(".msg.user .text", has_text="delete the old logs file")
+    expect(user).to_be_visible()
+    call = other.page.locator(".msg.assistant .tool-call.live", has_text="delete_file")
+    expect(call).to_be_visible()
+    expect(call.locator("pre")).to_contain_text('"path": "old_logs.txt"')
+    # In that order: the message, the tool call, then the card.
+    assert user.bounding_box()["y"] < call.bounding_box()["y"] < card.bounding_box()["y"]
+    other.shot("approver-context")
+
+
+def test_the_record_of_a_decision_stays_in_the_conversation(open_chat, start_server, tmp_path):
+    server = start_server(
+        "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice",
+        env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
+    )
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/")
+    chat.page.get_by_label("API key", exact=True).fill("s3cret-alice")
+    chat.page.get_by_role("button", name="Use this key").click()
+    chat.send("delete the old logs file")
+    card = chat.card("Approve this tool call?")
+    card.get_by_role("button", name="Approve", exact=True).click()
+    expect(chat.reply("Deleted old_logs.txt")).to_be_visible()
+
+    audit = server.with_headers({"Authorization": "Bearer s3cret-alice"}).get(f"/sessions/{chat.session_id}/audit").json()
+    resolved = [entry for entry in audit if entry["kind"] == "resolved"]
+    assert len(resolved) == 1 and resolved[0]["by"] == "alice"
+    record = chat.page.locator(".msg.record.approved")
+    expect(record).to_have_count(1)
+    expect(record).to_contain_text("Approved delete_file by alice at")
+    expect(record.locator("time")).to_have_attribute("datetime", datetime.fromisoformat(resolved[0]["at"].replace("Z", "+00:00")).isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    # Every message shows its time.
+    expect(chat.page.locator(".msg.user .who time")).to_have_count(1)
+    expect(chat.page.locator(".msg.assistant .who time").first).to_be_visible()
+    # The record comes after the request and before the final reply.
+    assert record.bounding_box()["y"] < chat.reply("Deleted old_logs.txt").bounding_box()["y"]
+
+    # A fresh tab reads the record from the audit.
+    chat.page.reload()
+    expect(chat.page.locator(".msg.record.approved")).to_contain_text("Approved delete_file by alice")
+    chat.shot("record")
+
+
+def test_two_concurrent_approvals_show_at_once_numbered(open_chat, example_server):
+    chat = open_chat(example_server)
+    chat.page.add_init_script(
+        """new MutationObserver(() => {
+             window.cardSeen = window.cardSeen || {};
+             for (const card of document.querySelectorAll('#interrupts article.card')) {
+               const id = card.dataset.interruptId;
+               if (!(id in window.cardSeen)) window.cardSeen[id] = Date.now();
+             }
+           }).observe(document, {subtree: true, childList: true});"""
+    )
+    chat.open()
+    chat.send("delete and move both")
+    expect(chat.cards()).to_have_count(2)
+    expect(chat.card("delete_file").locator(".card-count")).to_have_text("1 of 2")
+    expect(chat.card("move_file").locator(".card-count")).to_have_text("2 of 2")
+    session = example_server.get(f"/sessions/{chat.session_id}").json()
+    seen = chat.page.evaluate("() => window.cardSeen")
+    steps = [step for step in session["turn"]["steps"] if step["kind"] == "interrupt"]
+    assert len(steps) == 2
+    for step in steps:
+        lag = seen[step["interrupt_id"]] - _ms(step["created_at"])
+        assert lag < 1000, (step["payload"]["tool_name"], lag)
+    chat.shot("two-cards")
+
+
+def test_markdown_renders_and_html_stays_inert(open_chat, start_server):
+    server = start_server("tests.browser.markdown_agents:agent")
+    chat = open_chat(server).open()
+    chat.send("show me")
+    reply = chat.page.locator(".msg.assistant .text.md")
+    expect(reply).to_be_visible()
+    expect(reply.locator("strong")).to_have_text("the plan")
+    expect(reply.locator("em")).to_have_text("today")
+    expect(reply.locator("p code").first).to_have_text("rm -i")
+    expect(reply.locator("ol > li")).to_have_count(2)
+    expect(reply.locator("ul > li")).to_have_count(2)
+    expect(reply.locator("pre.md-code code")).to_have_text('print("<b>hi</b>")')
+    expect(reply.locator("a")).to_have_count(1)
+    expect(reply.locator("a")).to_have_attribute("href", "https://example.com/guide")
+    expect(reply).to_contain_text("snake_case_name")
+    expect(reply).to_contain_text('<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">')
+    expect(chat.page.locator("#messages").locator("script, img, b, i, [onerror]")).to_have_count(0)
+    assert chat.page.evaluate("() => window.pwned") is None
+    chat.shot("markdown")
+
+
+def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
+    server = start_server(CALLS_AGENT, env={"MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox"), "MOTUS_TEST_APPROVAL_TIMEOUT": "600"})
+    first, second, third = (server.create_session() for _ in range(3))
+    server.post(f"/sessions/{first}/messages", json={"content": "delete_file a; delete_file a2"}).raise_for_status()
+    server.post(f"/sessions/{second}/messages", json={"content": "delete_file b"}).raise_for_status()
+    wait_until(lambda: len(server.get("/interrupts?status=pending").json()) == 2, what="two pending approvals")
+
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(2)
+    # Live: an approval that appears later shows without a reload, with its countdown.
+    server.post(f"/sessions/{third}/messages", json={"content": "send_money 5"}).raise_for_status()
+    expect(inbox.locator("article.card")).to_have_count(3)
+    money = inbox.locator(".inbox-item", has=chat.page.locator("code", has_text="send_money"))
+    expect(money.locator(".countdown")).to_have_text(__import__("re").compile(r"Expires in (9|10):\d\d"))
+
+    a = inbox.locator(f'.inbox-item[data-session-id="{first}"]')
+    a.get_by_label("Remember for this session").check()
+    a.get_by_role("button", name="Approve", exact=True).click()
+    b = inbox.locator(f'.inbox-item[data-session-id="{second}"]')
+    b.get_by_label("Reason if you reject (optional)").fill("not b")
+    b.get_by_role("button", name="Reject").click()
+    money.get_by_role("button", name="Approve", exact=True).click()
+    expect(inbox.locator("article.card")).to_have_count(0)
+    for sid in (first, second, third):
+        wait_until(lambda sid=sid: server.get(f"/sessions/{sid}").json()["status"] == "idle", what=f"{sid} to end")
+    # The remembered grant let a2 through without asking.
+    assert (tmp_path / "sandbox" / "ran-delete_file").read_text().split() == ["a", "a2"]
+    assert [g["tool_name"] for g in server.get(f"/sessions/{first}/grants").json()] == ["delete_file"]
+    assert [post["value"] for post in chat.resume_posts()] == [
+        {"approved": True, "remember": "session"}, {"approved": False, "reason": "not b"}, {"approved": True},
+    ]
+
+    # The session's audit view lists who decided what.
+    chat.page.goto(server.url + f"/ui/#/sessions/{second}")
+    chat.page.get_by_role("button", name="Audit").click()
+    audit = chat.page.locator("#audit-list")
+    expect(audit.locator("li")).to_have_count(1)
+    expect(audit).to_contain_text("anonymous: Rejected delete_file")
+    expect(chat.page.locator(".msg.record.rejected")).to_contain_text("Reason: not b")
+    chat.shot("audit")

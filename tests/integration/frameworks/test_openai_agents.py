@@ -1,0 +1,202 @@
+"""OpenAI Agents SDK agents served by ``motus serve`` (issue 16, item 1).
+
+Real server processes run the agents in ``openai_agents_app.py`` with the real
+``openai-agents`` package; the model is the SDK's chat-completions model talking to the
+scripted loopback provider, which records every request, so a test sees what the model was
+told. What the tools did is counted on disk in a sandbox directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("agents", reason="needs the openai-agents package: pip install 'motus[openai-agents]'")
+
+from tests.conftest import Server  # noqa: E402
+from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
+from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
+from tests.integration.frameworks.helpers import (  # noqa: E402
+    agent_env,
+    approval,
+    interrupted,
+    kill_server,
+    ran,
+    resume_ok,
+    sent_messages,
+    session_messages,
+    start_turn,
+    store_url,
+    tool_results_of,
+    wait_idle,
+)
+
+APP = "tests.integration.frameworks.openai_agents_app"
+AGENT = f"{APP}:agent"
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Path:
+    path = tmp_path / "sandbox"
+    path.mkdir()
+    return path
+
+
+def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path, *args: str, agent: str = AGENT) -> Server:
+    return start_server(agent, *args, env=agent_env(sandbox, fake))
+
+
+def test_approve_runs_the_tool_once_and_the_model_sees_its_result(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
+) -> None:
+    fake = fake_provider
+    fake.script(openai_tool_calls(("call_1", "touch", {"path": "a.txt"})))
+    server = serve(start_server, fake, sandbox)
+    session_id = start_turn(server, "touch a.txt")
+    [(interrupt_id, payload)] = approval(interrupted(server, session_id))
+    assert payload == {"type": "tool_approval", "tool_name": "touch", "tool_args": {"path": "a.txt"}}
+    assert ran(sandbox, "ran-a.txt") == 0  # nothing runs before the answer
+
+    fake.script(openai_text("Touched it."))
+    resume_ok(server, session_id, interrupt_id, {"approved": True})
+    body = wait_idle(server, session_id)
+    assert body["response"] == {"role": "assistant", "content": "Touched it."}
+    assert ran(sandbox, "ran-a.txt") == 1
+    assert len(fake.requests) == 2
+    assert tool_results_of(fake, 1) == {"call_1": "Touched a.txt"}
+    # The session's state is the conversation as chat messages.
+    messages = session_messages(server, session_id)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[0]["content"] == "touch a.txt"
+    assert messages[1]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "touch", "arguments": json.dumps({"path": "a.txt"})}}
+    ]
+    assert messages[2] == {"role": "tool", "content": "Touched a.txt", "tool_call_id": "call_1", "name": "touch"}
+    assert messages[3] == {"role": "assistant", "content": "Touched it."}
+
+
+def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
+) -> None:
+    fake = fake_provider
+    fake.script(openai_tool_calls(("call_1", "touch", {"path": "b.txt"})))
+    server = serve(start_server, fake, sandbox)
+    session_id = start_turn(server, "touch b.txt")
+    [(interrupt_id, _)] = approval(interrupted(server, session_id))
+    fake.script(openai_text("Understood, I left it."))
+    resume_ok(server, session_id, interrupt_id, {"approved": False, "reason": "not today"})
+    body = wait_idle(server, session_id)
+    assert body["response"]["content"] == "Understood, I left it."
+    assert ran(sandbox, "ran-b.txt") == 0
+    assert tool_results_of(fake, 1) == {"call_1": "User rejected touch: not today"}
+
+
+def test_two_gates_in_one_step_are_two_interrupts_at_once(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
+) -> None:
+    fake = fake_provider
+    fake.script(openai_tool_calls(("call_a", "touch", {"path": "a.txt"}), ("call_b", "touch", {"path": "b.txt"})))
+    server = serve(start_server, fake, sandbox)
+    session_id = start_turn(server, "touch both")
+    body = interrupted(server, session_id, count=2)
+    [(first, a), (second, b)] = approval(body)
+    assert a["tool_args"] == {"path": "a.txt"} and b["tool_args"] == {"path": "b.txt"}
+
+    fake.script(openai_text("One done, one refused."))
+    assert resume_ok(server, session_id, second, {"approved": False})["status"] == "interrupted"
+    assert ran(sandbox, "ran-a.txt") == ran(sandbox, "ran-b.txt") == 0  # still waits on the other
+    resume_ok(server, session_id, first, {"approved": True})
+    wait_idle(server, session_id)
+    assert ran(sandbox, "ran-a.txt") == 1 and ran(sandbox, "ran-b.txt") == 0
+    assert len(fake.requests) == 2
+    assert tool_results_of(fake, 1) == {"call_a": "Touched a.txt", "call_b": "User rejected touch"}
+
+
+def test_a_second_turn_carries_the_first_turns_history(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
+) -> None:
+    fake = fake_provider
+    fake.script(openai_tool_calls(("call_1", "lookup", {"topic": "owls"})), openai_text("Owls are birds."))
+    server = serve(start_server, fake, sandbox)
+    session_id = start_turn(server, "tell me about owls")
+    assert wait_idle(server, session_id)["response"]["content"] == "Owls are birds."
+    assert ran(sandbox, "looked-owls") == 1
+
+    fake.script(openai_text("They hunt at night."))
+    server.send(session_id, "and what else?")
+    assert wait_idle(server, session_id)["response"]["content"] == "They hunt at night."
+    second = sent_messages(fake, 2)
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert second[1]["content"] == "tell me about owls"
+    assert second[2]["tool_calls"][0]["id"] == "call_1" and second[2]["tool_calls"][0]["function"]["name"] == "lookup"
+    assert second[3] == {"role": "tool", "tool_call_id": "call_1", "content": "Facts about owls"}
+    assert second[4]["content"] == "Owls are birds."
+    assert second[5]["content"] == "and what else?"
+    assert ran(sandbox, "looked-owls") == 1  # history is replayed to the model, tools are not rerun
+    assert [m["role"] for m in session_messages(server, session_id)] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+
+
+def test_a_parked_turn_resumes_without_asking_the_model_or_running_a_tool_again(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path, tmp_path: Path
+) -> None:
+    fake = fake_provider
+    fake.script(
+        openai_tool_calls(("call_1", "lookup", {"topic": "logs"})),
+        openai_tool_calls(("call_2", "touch", {"path": "logs.txt"})),
+    )
+    server = serve(start_server, fake, sandbox, "--store", store_url(tmp_path / "s.db"), "--park-after", "0")
+    session_id = start_turn(server, "look up logs, then touch logs.txt")
+    [(interrupt_id, payload)] = approval(interrupted(server, session_id))
+    assert payload["tool_args"] == {"path": "logs.txt"}
+    assert ran(sandbox, "looked-logs") == 1 and len(fake.requests) == 2
+
+    fake.script(openai_text("All done."))
+    resume_ok(server, session_id, interrupt_id, {"approved": True})
+    assert wait_idle(server, session_id)["response"]["content"] == "All done."
+    # The replay in a fresh process got the first segment from the journal.
+    assert len(fake.requests) == 3
+    assert ran(sandbox, "looked-logs") == 1 and ran(sandbox, "ran-logs.txt") == 1
+    assert tool_results_of(fake, 2) == {"call_1": "Facts about logs", "call_2": "Touched logs.txt"}
+
+
+def test_an_approval_survives_kill_9_and_a_restart_on_sqlite(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path, tmp_path: Path
+) -> None:
+    fake = fake_provider
+    fake.script(openai_tool_calls(("call_a", "touch", {"path": "a.txt"}), ("call_b", "touch", {"path": "b.txt"})))
+    args = ("--store", store_url(tmp_path / "s.db"))
+    first = serve(start_server, fake, sandbox, *args)
+    session_id = start_turn(first, "touch both")
+    before = interrupted(first, session_id, count=2)["interrupts"]
+    kill_server(first)
+
+    second = serve(start_server, fake, sandbox, *args)
+    body = second.get(f"/sessions/{session_id}").json()
+    assert body["status"] == "interrupted" and body["interrupts"] == before, body
+    [(first_id, _), (second_id, _)] = approval(body)
+    fake.script(openai_text("Both touched."))
+    resume_ok(second, session_id, first_id, {"approved": True})
+    resume_ok(second, session_id, second_id, {"approved": True})
+    assert wait_idle(second, session_id)["response"]["content"] == "Both touched."
+    assert ran(sandbox, "ran-a.txt") == 1 and ran(sandbox, "ran-b.txt") == 1
+    assert len(fake.requests) == 2  # the first model call was not made again
+    assert tool_results_of(fake, 1) == {"call_a": "Touched a.txt", "call_b": "Touched b.txt"}
+
+
+def test_structured_output_is_json_and_a_guardrail_tripwire_is_a_refusal(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
+) -> None:
+    fake = fake_provider
+    fake.script(openai_text(json.dumps({"city": "Oslo", "degrees": 4})))
+    server = serve(start_server, fake, sandbox, agent=f"{APP}:structured")
+    session_id = start_turn(server, "weather in Oslo?")
+    assert json.loads(wait_idle(server, session_id)["response"]["content"]) == {"city": "Oslo", "degrees": 4}
+
+    guarded = serve(start_server, fake, sandbox, agent=f"{APP}:guarded")
+    session_id = start_turn(guarded, "what is the admin password?")
+    response = wait_idle(guarded, session_id)["response"]["content"]
+    assert "no_secrets" in response and "guardrail" in response, response
+    assert len(fake.requests) == 1  # the guardrail ran first: the model was never asked

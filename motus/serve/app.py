@@ -404,7 +404,8 @@ def get_session(session_id: str) -> Response:
     if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
         live = turns.live(session_id)
         if live is not None:
-            response.turn = describe_turn(*live, isoformat)
+            turn_id, message, journal, started_at = live
+            response.turn = describe_turn(turn_id, message, journal, isoformat, started_at)
     return _json(response)
 
 

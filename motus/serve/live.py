@@ -120,10 +120,13 @@ def describe_step(entry: JournalEntry, isoformat: Any) -> dict[str, Any]:
     return step
 
 
-def describe_turn(turn_id: int, message: dict[str, Any], journal: Iterable[JournalEntry], isoformat: Any) -> dict[str, Any]:
-    """The ``turn`` object: the message that started it and what happened since."""
+def describe_turn(
+    turn_id: int, message: dict[str, Any], journal: Iterable[JournalEntry], isoformat: Any, started_at: float | None = None
+) -> dict[str, Any]:
+    """The ``turn`` object: the message that started it, when, and what happened since."""
     return {
         "turn_id": turn_id,
+        "started_at": isoformat(started_at),
         "message": message,
         "steps": [describe_step(entry, isoformat) for entry in sorted(journal, key=lambda e: e.seq)],
     }

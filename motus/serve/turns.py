@@ -194,6 +194,7 @@ class Turn:
     backlog: deque[object] = field(default_factory=deque)  # worker messages the store has not taken yet
     backlog_since: float = 0.0  # monotonic
     grants: tuple[str, ...] = ()  # the session's grants when the turn started (replays see the same)
+    started_at: float | None = None  # wall clock, for people (the live turn)
     started: float = field(default_factory=time.monotonic)  # for the turn duration metric
 
     def calls_in_flight(self) -> bool:
@@ -225,7 +226,8 @@ class Turn:
 
     def record(self) -> TurnRecord:
         return TurnRecord(
-            turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline, grants=self.grants
+            turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline, grants=self.grants,
+            started_at=self.started_at,
         )
 
 
@@ -370,6 +372,7 @@ class Turns:
                     deadline=record.turn.deadline,
                     journal={e.seq: e for e in record.turn.journal},
                     grants=record.turn.grants,
+                    started_at=record.turn.started_at,
                 )
                 session.turn = turn
                 for entry in turn.pending():
@@ -486,15 +489,15 @@ class Turns:
                 raise SessionNotFound(session_id)
             return list(session.state)
 
-    def live(self, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry]] | None:
-        """A snapshot of the live turn (its id, message and journal), or None when the
-        session has no turn running or waiting."""
+    def live(self, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
+        """A snapshot of the live turn (its id, message, journal and start time), or None
+        when the session has no turn running or waiting."""
         session = self._session(session_id)
         with session.lock:
             turn = session.turn
             if session.deleted or turn is None or turn.state is TurnState.ENDED:
                 return None
-            return turn.turn_id, turn.message, list(turn.journal.values())
+            return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at
 
     def grants(self, session_id: str) -> dict[str, dict[str, Any]]:
         session = self._session(session_id)
@@ -683,6 +686,7 @@ class Turns:
                 webhook=webhook,
                 deadline=now + self.timeout if self.timeout else None,
                 grants=tuple(sorted(session.grants)),
+                started_at=now,
             )
             self._save(session.record(status=SessionStatus.RUNNING, response=None, error=None,
                                       turn_id=turn.turn_id, touched=now, turn=turn.record()),
@@ -726,9 +730,11 @@ class Turns:
         answered = entry.finished(packed, answered_at=now, answered_by=by)
         status = SessionStatus.RUNNING if last else SessionStatus.INTERRUPTED
         reason = "timeout" if expired else "resume"
-        events = [session.event("resolved", now, interrupt_id=interrupt_id, type=entry.label, by=by, value=value, reason=reason)]
+        events = [session.event("resolved", now, interrupt_id=interrupt_id, type=entry.label, by=by, value=value, reason=reason,
+                                turn_id=turn.turn_id)]
         audit = [AuditRecord(session.session_id, "resolved", now, by, {
             "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value, "reason": reason,
+            "turn_id": turn.turn_id,
         })]
         grants = session.grants
         tool = remembered_tool(entry.payload, value)

@@ -51,6 +51,7 @@ class TurnRecord:
     journal: list[JournalEntry] = field(default_factory=list)
     #: The session's grants when the turn started: a replay must see the same ones.
     grants: tuple[str, ...] = ()
+    started_at: float | None = None  # wall clock
 
 
 @dataclass

@@ -279,6 +279,7 @@ class SqliteStore(Store):
                     deadline=live.get("deadline"),
                     journal=journals.get(session_id, []),
                     grants=tuple(live.get("grants") or ()),
+                    started_at=live.get("started_at"),
                 ),
                 grants=_loads(grants) or {},
             )
@@ -292,7 +293,8 @@ class SqliteStore(Store):
     ) -> int:
         turn = record.turn
         turn_json = None if turn is None else _dumps(
-            {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline, "grants": list(turn.grants)}
+            {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline, "grants": list(turn.grants),
+             "started_at": turn.started_at}
         )
         grants = _dumps(record.grants) if record.grants else None
         with self._lock:

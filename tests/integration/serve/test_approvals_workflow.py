@@ -397,7 +397,7 @@ def test_named_keys_are_recorded_and_a_read_only_key_may_only_watch(start_server
     ops.wait_for_status(session_id, "idle")
     [record] = viewer.get(f"/sessions/{session_id}/audit").json()
     assert record["by"] == "ops" and record["value"] == {"approved": True, "reason": "checked"}
-    assert record["payload"]["tool_args"] == {"path": "a"} and record["at"].endswith("Z")
+    assert record["payload"]["tool_args"] == {"path": "a"} and record["at"].endswith("Z") and record["turn_id"] == 1
     assert plain.get(f"/sessions/{session_id}/audit").status_code == 401
     assert ops.get("/sessions/00000000-0000-0000-0000-000000000000/audit").status_code == 404
 
@@ -479,7 +479,7 @@ def test_a_waiting_session_shows_the_message_and_what_the_turn_did(
     session_id = start(server, "please delete old_logs.txt")
     [item] = pending(server, session_id)
     turn = server.get(f"/sessions/{session_id}").json()["turn"]
-    assert turn["message"]["content"] == "please delete old_logs.txt"
+    assert turn["message"]["content"] == "please delete old_logs.txt" and turn["started_at"].endswith("Z")
     model, interrupt = turn["steps"]  # the gate asks before the tool's body starts
     assert model["kind"] == "model" and model["text"] == "I will remove the old logs."
     assert model["tool_calls"] == [{"name": "touch", "arguments": {"path": "old_logs.txt"}}]

@@ -202,14 +202,19 @@ def server_factory(tmp_dir: Path) -> Iterator[Callable[..., Server]]:
     try:
         yield start
     finally:
-        problems = []
-        for server in servers:
-            try:
-                server.stop()
-            except AssertionError as exc:
-                problems.append(str(exc))
-        if problems:
-            pytest.fail("\n".join(problems))
+        stop_all(servers)
+
+
+def stop_all(servers: list[Server]) -> None:
+    """Stop every server; fail (after trying them all) if any would not stop or left a process."""
+    problems = []
+    for server in servers:
+        try:
+            server.stop()
+        except AssertionError as exc:
+            problems.append(str(exc))
+    if problems:
+        pytest.fail("\n".join(problems))
 
 
 @pytest.fixture

@@ -464,6 +464,10 @@ class Turns:
         with self._registry:
             return list(self._sessions.values())
 
+    def _lookup(self, session_id: str) -> Session | None:
+        with self._registry:
+            return self._sessions.get(session_id)
+
     def _session(self, session_id: str) -> Session:
         with self._registry:
             session = self._sessions.get(session_id)
@@ -830,8 +834,7 @@ class Turns:
         """Apply a turn's waiting worker messages in order (housekeeping thread). After
         ``STORE_GIVE_UP_SECONDS`` of failures the turn ends in error: its process is stopped,
         and the store keeps what it last accepted (replayed at the next start if durable)."""
-        with self._registry:
-            session = self._sessions.get(turn.session_id)
+        session = self._lookup(turn.session_id)
         if session is None:
             return
         after = _After()
@@ -974,8 +977,7 @@ class Turns:
                     self._sched.notify_all()
 
     def _grant(self, turn: Turn) -> bool:
-        with self._registry:
-            session = self._sessions.get(turn.session_id)
+        session = self._lookup(turn.session_id)
         if session is None:
             return False
         after = _After()
@@ -1100,8 +1102,7 @@ class Turns:
                         log.info("TTL sweep removed %d idle or errored sessions", len(removed))
 
     def _time_out(self, turn: Turn) -> None:
-        with self._registry:
-            session = self._sessions.get(turn.session_id)
+        session = self._lookup(turn.session_id)
         if session is None:
             return
         after = _After()
@@ -1116,8 +1117,7 @@ class Turns:
 
     def _expire(self, turn: Turn, seq: int) -> None:
         """An interrupt's timeout passed: resolve it with its default, ``by`` timeout."""
-        with self._registry:
-            session = self._sessions.get(turn.session_id)
+        session = self._lookup(turn.session_id)
         if session is None:
             return
         after = _After()
@@ -1141,8 +1141,7 @@ class Turns:
 
     def _park(self, turn: Turn) -> None:
         """WAITING -> PARKED once it has waited ``park_after`` and its worker is quiet."""
-        with self._registry:
-            session = self._sessions.get(turn.session_id)
+        session = self._lookup(turn.session_id)
         if session is None or self.park_after is None:
             return
         after = _After()

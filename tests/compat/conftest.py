@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Server, free_port, server_env, wait_healthy
+from tests.conftest import ROOT, Server, free_port, server_env, stop_all, wait_healthy
 
 
 @contextmanager
@@ -44,14 +44,7 @@ def python_servers(tmp_dir: Path) -> Iterator[Callable[..., Server]]:
     try:
         yield start
     finally:
-        problems = []
-        for server in servers:
-            try:
-                server.stop()
-            except AssertionError as exc:
-                problems.append(str(exc))
-        if problems:
-            pytest.fail("\n".join(problems))
+        stop_all(servers)
 
 
 @pytest.fixture

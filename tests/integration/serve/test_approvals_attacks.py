@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
+from tests.integration.serve.test_approvals_workflow import env, ran, resume, sandbox, start  # noqa: F401 - sandbox is a fixture
 
 HERE = "tests.integration.serve.test_approvals_attacks"
 CALLS = "tests.approval_agents:calls"
@@ -33,38 +34,12 @@ EXPIRING = "tests.approval_agents:expiring"
 # -- helpers ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
-def env(sandbox: Path, **extra: str) -> dict[str, str]:
-    return {"MOTUS_EXAMPLE_DIR": str(sandbox), **extra}
-
-
-def ran(sandbox: Path, tool: str) -> list[str]:
-    path = sandbox / f"ran-{tool}"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def start(server: Server, content: str) -> str:
-    session_id = server.create_session()
-    server.send(session_id, content)
-    return session_id
-
-
 def pending(server: Server, session_id: str, count: int = 1) -> list[dict]:
     def enough() -> list[dict] | None:  # from the inbox: GET /sessions/{id} is what some tests break
         items = [item for item in server.get("/interrupts").json() if item["session_id"] == session_id]
         return items if len(items) >= count else None
 
     return wait_until(enough, timeout=20, interval=0.02, what=f"{count} pending interrupts")  # type: ignore[return-value]
-
-
-def resume(server: Server, session_id: str, interrupt_id: str, value: object) -> requests.Response:
-    return server.post(f"/sessions/{session_id}/resume", json={"interrupt_id": interrupt_id, "value": value})
 
 
 def settled(server: Server, session_id: str) -> dict:

@@ -264,3 +264,28 @@ def test_each_server_counts_apart() -> None:
     finally:
         first.shutdown()
         second.shutdown()
+
+
+def test_parked_interrupts_and_failed_turns_are_counted(start_server, tmp_path) -> None:
+    server = start_server(
+        "tests.agents:dispatch", "--workers", "2", "--store", f"sqlite:///{tmp_path / 'store.sqlite3'}", "--park-after", "0",
+    )
+    scrape = Scraper(server.url + "/metrics")
+    start = scrape()
+    session_id = server.create_session()
+    server.send(session_id, "approval x")
+    server.wait_for_status(session_id, "interrupted")
+    parked = wait_until(lambda: (lambda s: s if value(s, "motus_turns_parked") == 1 else None)(scrape()),
+                        what="the waiting turn to be parked")
+    assert value(parked, "motus_interrupts_parked") == 1 and value(parked, "motus_interrupts_pending") == 1
+    assert value(parked, "motus_turns_live") == 0
+    assert moved(start, parked, "motus_store_operation_seconds_count", operation="save") >= 3  # create, start, interrupt
+    assert moved(start, parked, "motus_store_errors_total", operation="save") == 0
+
+    crashed = server.create_session()
+    server.send(crashed, "crash now")
+    server.wait_for_status(crashed, "error")
+    after = scrape()
+    assert moved(start, after, "motus_turns_ended_total", outcome="error") == 1
+    assert moved(start, after, "motus_turns_ended_total", outcome="idle") == 0
+    assert value(after, "motus_interrupts_parked") == 1  # the parked one still waits

@@ -192,7 +192,8 @@ def to_model_messages(messages: list[ChatMessage]) -> list[Any]:
             for call in message.tool_calls or []:
                 names[call.id] = call.function.name
                 parts.append(_msg.ToolCallPart(tool_name=call.function.name, args=call.function.arguments, tool_call_id=call.id))
-            result.append(_msg.ModelResponse(parts=parts))
+            if parts:  # an empty assistant message has nothing to tell the model
+                result.append(_msg.ModelResponse(parts=parts))
             continue
         if message.role == "tool":
             call_id = message.tool_call_id or ""

@@ -538,3 +538,39 @@ def test_a_large_answer_reaches_a_client_that_reads_it_slowly(start_server) -> N
         head, answer = responses.next()
         assert head.startswith(b"HTTP/1.1 200 ") and json.loads(answer)["status"] == "ok", head
     assert "Traceback" not in server.log()
+
+
+def test_past_the_memory_bound_a_body_gets_413_and_retry_after(start_server) -> None:
+    """What the worker holds for clients is bounded (64 MiB): with 6 bodies of almost 10 MB
+    and 130 unfinished 56 KB heads held, a new request with a body is told to come back
+    (413 with Retry-After, before its body is sent), and a request without one is served."""
+    server = start_server("tests.agents:approval", "--threads", "4", "--workers", "1", "--read-timeout", "30")
+    port = int(server.url.rsplit(":", 1)[1])
+    held: list[socket.socket] = []
+    try:
+        for _ in range(6):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            held.append(sock)
+            sock.sendall(POST + b"Content-Length: 10000000\r\n\r\n" + b" " * 9_999_000)
+        pad = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 8000) for i in range(7))
+        for _ in range(130):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            held.append(sock)
+            sock.sendall(GET + pad)
+
+        def refused() -> bytes | None:
+            answer = _exchange(server, POST + b"Expect: 100-continue\r\nContent-Length: 1000\r\n\r\n")
+            return answer if answer.startswith(b"HTTP/1.1 413 ") else None
+
+        # The worker reads what was sent as it comes: the bound is crossed once it has.
+        answer = wait_until(refused, timeout=20, interval=0.1, what="a body to be refused past the memory bound")
+        head, _, body = answer.partition(b"\r\n\r\n")  # type: ignore[union-attr]
+        assert b"Retry-After: " in head, head
+        assert "retry later" in json.loads(body)["detail"], body
+        assert server.get("/health", timeout=10).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+    # Once they are gone, a body is taken again.
+    assert server.post("/sessions", json={"state": []}, timeout=10).status_code == 201
+    assert "Traceback" not in server.log()

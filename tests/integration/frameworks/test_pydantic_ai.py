@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai package: pip install 'motus[pydantic-ai]'")
 
-from tests.conftest import Server  # noqa: E402
+from tests.conftest import Server, wait_until  # noqa: E402
 from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
 from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
@@ -150,6 +150,10 @@ def test_a_parked_turn_resumes_without_asking_the_model_or_running_a_tool_again(
     assert ran(sandbox, "looked-logs") == 1 and len(fake.requests) == 2
 
     fake.script(openai_text("All done."))
+    wait_until(  # the worker is gone: the resume replays the turn from its journal
+        lambda: (lambda h: h["parked_turns"] == 1 and h["live_turns"] == 0)(server.get("/health").json()),
+        timeout=15, what="the turn to park",
+    )
     resume_ok(server, session_id, interrupt_id, {"approved": True})
     assert wait_idle(server, session_id)["response"]["content"] == "All done."
     assert len(fake.requests) == 3

@@ -130,10 +130,7 @@ def _authenticate_and_start() -> None:
 
 
 def _json(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = model.model_dump(mode="json")
-    if isinstance(model, SessionResponse):
-        _drop_unset_extras(body)
-    response = jsonify(body)
+    response = jsonify(model.model_dump(mode="json"))
     response.status_code = status
     for key, value in (headers or {}).items():
         response.headers[key] = value
@@ -247,18 +244,6 @@ def _state_body() -> list[dict[str, Any]]:
     if failed:
         raise Unprocessable(f"Invalid request body: {_summary(problems, failed)}")
     return state
-
-
-def _drop_unset_extras(body: dict[str, Any]) -> None:
-    """A session answer keeps the guide's exact shape unless there is more to say: ``turn``
-    only while a turn is live, an interrupt's ``created_at``/``expires_at`` only when it
-    expires (a client comparing whole answers with the reference's keeps working)."""
-    if body.get("turn") is None:
-        body.pop("turn", None)
-    for item in body.get("interrupts") or ():
-        if item.get("expires_at") is None:
-            item.pop("expires_at", None)
-            item.pop("created_at", None)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

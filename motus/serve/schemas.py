@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from motus.models import ChatMessage
 from motus.serve.webhooks import MAX_URL_LENGTH, check_token, check_url
@@ -72,6 +72,17 @@ class InterruptInfo(BaseModel):
     created_at: str | None = Field(default=None, description="When the server first saw it (ISO 8601, UTC).")
     expires_at: str | None = Field(default=None, description="When it resolves itself with its default, if it has a timeout.")
 
+    @model_serializer(mode="wrap")
+    def _guide_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """In a session answer an interrupt keeps the guide's three fields unless it expires
+        (a client comparing whole answers with the reference's keeps working); the inbox
+        always shows both times."""
+        data = handler(self)
+        if data.get("expires_at") is None and not isinstance(self, InboxItem):
+            data.pop("expires_at", None)
+            data.pop("created_at", None)
+        return data
+
 
 class InboxItem(InterruptInfo):
     """A pending interrupt in the inbox (``GET /interrupts``), with its session."""
@@ -109,6 +120,14 @@ class SessionResponse(BaseModel):
         description="While running or interrupted: the message that started the turn and what it did so far "
         "(model replies and tool calls, tool results, interrupts), from the turn journal.",
     )
+
+    @model_serializer(mode="wrap")
+    def _guide_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``turn`` only while a turn is live: otherwise the answer is the guide's exactly."""
+        data = handler(self)
+        if data.get("turn") is None:
+            data.pop("turn", None)
+        return data
 
 
 class SessionSummary(BaseModel):

@@ -47,7 +47,7 @@ def snapshot(server: Server) -> list:
 
 
 @pytest.mark.parametrize(("method", "path"), ROUTES)
-@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {KEY}", "Bearer ", f"Bearer {KEY}x"])
+@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {KEY}", "Bearer ", f"Bearer {KEY}x"], ids=["none", "wrong", "basic-scheme", "empty", "key-plus-one"])
 def test_every_route_needs_the_key(keyed: Server, method: str, path: str, header: str | None) -> None:
     sid = requests.post(keyed.url + "/sessions", json={}, headers=authed(), timeout=10).json()["session_id"]
     before = snapshot(keyed)

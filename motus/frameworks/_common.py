@@ -48,14 +48,17 @@ async def ask_approvals(approvals: Sequence[Approval]) -> list[Answer]:
 
     A tool the session approved "for the session" earlier (``"remember": "session"``) is let
     through without asking, as for motus' own gated tools."""
-    from motus.serve.interrupt import interrupt, session_grants
+    from motus.serve.interrupt import interrupt, session_grants, was_asked
 
     grants = session_grants()
 
     async def ask(item: Approval) -> Answer:
-        if item.tool_name in grants:
-            return Answer(item.call_id, True)
         payload = {"type": "tool_approval", "tool_name": item.tool_name, "tool_args": item.tool_args}
+        if item.tool_name in grants and not was_asked(payload):
+            # approved for the session earlier (and, on a replay, not asked the first time:
+            # a grant read back from one answer must not skip a call that was asked, and
+            # may have been rejected)
+            return Answer(item.call_id, True)
         value = await interrupt(payload)
         decision = parse_approval(value)
         if not decision.approved:

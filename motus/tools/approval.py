@@ -73,7 +73,7 @@ def parse_approval(value: Any) -> ApprovalDecision:
     reason = reason.strip() if isinstance(reason, str) and reason.strip() else None
     if approved is not True:
         if approved is not None and not isinstance(approved, bool):
-            log.warning("approval resume value has approved=%r (not a bool): treated as a rejection", approved)
+            log.warning("approval resume value has approved of type %s (not a bool): treated as a rejection", type(approved).__name__)
         return ApprovalDecision(approved=False, reason=reason)
     tool_args = value.get("tool_args")
     if tool_args is not None and not isinstance(tool_args, dict):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import Server
-from tests.fakes.providers import FakeProvider
+from collections.abc import Callable
+
+from tests.conftest import Server, wait_until
+from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.test_durability import agent_env, kill_server, lines, refused_start, resume_ok, store_url, wait_idle  # noqa: F401
 from tests.integration.serve.test_hitl import interrupted, resume, start_turn  # noqa: F401
 
@@ -37,3 +39,57 @@ def session_messages(server: Server, session_id: str) -> list[dict]:
 
 def ran(sandbox: Path, name: str) -> int:
     return len(lines(sandbox / name))
+
+
+# -- scenarios the chat-completions frameworks share (the served app is what differs) --------
+
+Serve = Callable[..., Server]  # serve(*server_args) -> a server of the framework's app
+
+
+def check_a_parked_turn_replays_without_the_model_or_a_tool(serve: Serve, fake: FakeProvider, sandbox: Path, db: Path) -> None:
+    """With ``--park-after 0``: a turn that ran one tool, then waits on approval for a
+    second, is resumed after its worker is gone; the replay takes the first segment from the
+    journal, so the model is asked once more (not three times) and the first tool never
+    runs again."""
+    fake.script(
+        openai_tool_calls(("call_1", "lookup", {"topic": "logs"})),
+        openai_tool_calls(("call_2", "touch", {"path": "logs.txt"})),
+    )
+    server = serve("--store", store_url(db), "--park-after", "0")
+    session_id = start_turn(server, "look up logs, then touch logs.txt")
+    [(interrupt_id, payload)] = approval(interrupted(server, session_id))
+    assert payload["tool_args"] == {"path": "logs.txt"}
+    assert ran(sandbox, "looked-logs") == 1 and len(fake.requests) == 2
+
+    fake.script(openai_text("All done."))
+    wait_until(  # the worker is gone: the resume replays the turn from its journal
+        lambda: (lambda h: h["parked_turns"] == 1 and h["live_turns"] == 0)(server.get("/health").json()),
+        timeout=15, what="the turn to park",
+    )
+    resume_ok(server, session_id, interrupt_id, {"approved": True})
+    assert wait_idle(server, session_id)["response"]["content"] == "All done."
+    assert len(fake.requests) == 3
+    assert ran(sandbox, "looked-logs") == 1 and ran(sandbox, "ran-logs.txt") == 1
+    assert tool_results_of(fake, 2) == {"call_1": "Facts about logs", "call_2": "Touched logs.txt"}
+
+
+def check_an_approval_survives_kill_9(serve: Serve, fake: FakeProvider, sandbox: Path, db: Path) -> None:
+    """Two approvals pending, the whole server group SIGKILLed, a new server on the same
+    SQLite file: the same interrupts come back, and each approved tool runs exactly once."""
+    fake.script(openai_tool_calls(("call_a", "touch", {"path": "a.txt"}), ("call_b", "touch", {"path": "b.txt"})))
+    first = serve("--store", store_url(db))
+    session_id = start_turn(first, "touch both")
+    before = interrupted(first, session_id, count=2)["interrupts"]
+    kill_server(first)
+
+    second = serve("--store", store_url(db))
+    body = second.get(f"/sessions/{session_id}").json()
+    assert body["status"] == "interrupted" and body["interrupts"] == before, body
+    [(first_id, _), (second_id, _)] = approval(body)
+    fake.script(openai_text("Both touched."))
+    resume_ok(second, session_id, first_id, {"approved": True})
+    resume_ok(second, session_id, second_id, {"approved": True})
+    assert wait_idle(second, session_id)["response"]["content"] == "Both touched."
+    assert ran(sandbox, "ran-a.txt") == 1 and ran(sandbox, "ran-b.txt") == 1
+    assert len(fake.requests) == 2  # the first model call was not made again
+    assert tool_results_of(fake, 1) == {"call_a": "Touched a.txt", "call_b": "Touched b.txt"}

@@ -16,21 +16,21 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai package: pip install 'motus[pydantic-ai]'")
 
-from tests.conftest import Server, wait_until  # noqa: E402
+from tests.conftest import Server  # noqa: E402
 from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
 from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
+    check_a_parked_turn_replays_without_the_model_or_a_tool,
+    check_an_approval_survives_kill_9,
     agent_env,
     approval,
     interrupted,
-    kill_server,
     ran,
     refused_start,
     resume_ok,
     sent_messages,
     session_messages,
     start_turn,
-    store_url,
     tool_results_of,
     wait_idle,
 )
@@ -138,51 +138,17 @@ def test_a_second_turn_carries_the_first_turns_history(
 def test_a_parked_turn_resumes_without_asking_the_model_or_running_a_tool_again(
     start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path, tmp_path: Path
 ) -> None:
-    fake = fake_provider
-    fake.script(
-        openai_tool_calls(("call_1", "lookup", {"topic": "logs"})),
-        openai_tool_calls(("call_2", "touch", {"path": "logs.txt"})),
+    check_a_parked_turn_replays_without_the_model_or_a_tool(
+        lambda *args: serve(start_server, fake_provider, sandbox, *args), fake_provider, sandbox, tmp_path / "s.db"
     )
-    server = serve(start_server, fake, sandbox, "--store", store_url(tmp_path / "s.db"), "--park-after", "0")
-    session_id = start_turn(server, "look up logs, then touch logs.txt")
-    [(interrupt_id, payload)] = approval(interrupted(server, session_id))
-    assert payload["tool_args"] == {"path": "logs.txt"}
-    assert ran(sandbox, "looked-logs") == 1 and len(fake.requests) == 2
-
-    fake.script(openai_text("All done."))
-    wait_until(  # the worker is gone: the resume replays the turn from its journal
-        lambda: (lambda h: h["parked_turns"] == 1 and h["live_turns"] == 0)(server.get("/health").json()),
-        timeout=15, what="the turn to park",
-    )
-    resume_ok(server, session_id, interrupt_id, {"approved": True})
-    assert wait_idle(server, session_id)["response"]["content"] == "All done."
-    assert len(fake.requests) == 3
-    assert ran(sandbox, "looked-logs") == 1 and ran(sandbox, "ran-logs.txt") == 1
-    assert tool_results_of(fake, 2) == {"call_1": "Facts about logs", "call_2": "Touched logs.txt"}
 
 
 def test_an_approval_survives_kill_9_and_a_restart_on_sqlite(
     start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path, tmp_path: Path
 ) -> None:
-    fake = fake_provider
-    fake.script(openai_tool_calls(("call_a", "touch", {"path": "a.txt"}), ("call_b", "touch", {"path": "b.txt"})))
-    args = ("--store", store_url(tmp_path / "s.db"))
-    first = serve(start_server, fake, sandbox, *args)
-    session_id = start_turn(first, "touch both")
-    before = interrupted(first, session_id, count=2)["interrupts"]
-    kill_server(first)
-
-    second = serve(start_server, fake, sandbox, *args)
-    body = second.get(f"/sessions/{session_id}").json()
-    assert body["status"] == "interrupted" and body["interrupts"] == before, body
-    [(first_id, _), (second_id, _)] = approval(body)
-    fake.script(openai_text("Both touched."))
-    resume_ok(second, session_id, first_id, {"approved": True})
-    resume_ok(second, session_id, second_id, {"approved": True})
-    assert wait_idle(second, session_id)["response"]["content"] == "Both touched."
-    assert ran(sandbox, "ran-a.txt") == 1 and ran(sandbox, "ran-b.txt") == 1
-    assert len(fake.requests) == 2
-    assert tool_results_of(fake, 1) == {"call_a": "Touched a.txt", "call_b": "Touched b.txt"}
+    check_an_approval_survives_kill_9(
+        lambda *args: serve(start_server, fake_provider, sandbox, *args), fake_provider, sandbox, tmp_path / "s.db"
+    )
 
 
 def test_an_agent_with_approval_tools_but_no_deferred_output_is_refused_at_start_up(tmp_path: Path) -> None:

@@ -668,11 +668,10 @@ class Chat:
                     self.console.note("[info] message not sent")
                 if outcome is None or content is None:
                     return outcome
-            self._spinner.start()
             with _ctrl_c_held_back():
                 self.client.send_message(self._sid, content, user_params=self.user_params)
                 sent = self.sent = self.unfinished = True
-            session = self._drive()
+            session = self._drive()  # starts the "working" line: only a sent message is worked on
         except KeyboardInterrupt:
             if one_shot:
                 raise

@@ -8,6 +8,11 @@ outlives that stop. Test agents live in importable modules under ``tests/`` (for
 
 The autouse ``no_leaks`` fixture fails any test that leaves a child process or a thread
 behind.
+
+``pg_cluster`` (session scope, one per xdist worker) is a throwaway PostgreSQL server
+(``tests/pg.py``); ``pg_url`` is the URL of a fresh, empty database on it. Where PostgreSQL
+is not installed they skip, except in CI (``CI`` or ``MOTUS_REQUIRE_POSTGRES`` set to a true
+value), where that is a failure.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+
+from tests import pg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -242,19 +249,50 @@ def no_leaks() -> Iterator[None]:
     """Fail a test that leaves child processes or threads running after it ends."""
     threads_before = set(threading.enumerate())
     children_before = _children()
+    # A PostgreSQL cluster that outlives the test (``pg_cluster``) is our child, and a new
+    # one after a test's ``restart()``: its server is the cluster's to stop, not a leak.
+    clusters_before = pg.live_clusters()
     yield
 
+    def new_children() -> set[int]:
+        return _children() - children_before - {c.pid for c in clusters_before if c.pid is not None}
+
     def clean() -> bool:
-        return not (_children() - children_before) and not (set(threading.enumerate()) - threads_before)
+        return not new_children() and not (set(threading.enumerate()) - threads_before)
 
     try:
         wait_until(clean, timeout=10, interval=0.05, what="the test's processes and threads to end")
     except AssertionError:
-        leftover_children = [psutil.Process(pid).cmdline() for pid in _children() - children_before if psutil.pid_exists(pid)]
+        leftover_children = [psutil.Process(pid).cmdline() for pid in new_children() if psutil.pid_exists(pid)]
         leftover_threads = [t.name for t in set(threading.enumerate()) - threads_before]
-        for pid in _children() - children_before:
+        for pid in new_children():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         pytest.fail(f"test leaked processes {leftover_children} or threads {leftover_threads}")
+
+
+def _true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[pg.Cluster]:
+    """A started PostgreSQL cluster for this test process, stopped (and its files removed)
+    at the end of the session. Skips where PostgreSQL is missing; fails instead under
+    ``CI`` or ``MOTUS_REQUIRE_POSTGRES`` (set by ``.ci/run``)."""
+    bin_dir = pg.find_pg_bin()
+    if bin_dir is None:
+        message = "PostgreSQL is not installed (apt-get install postgresql): no initdb under /usr/lib/postgresql/*/bin or on PATH"
+        if _true("CI") or _true("MOTUS_REQUIRE_POSTGRES"):  # in CI a missing PostgreSQL is a failure
+            pytest.fail(message)
+        pytest.skip(message)
+    with pg.Cluster(bin_dir) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pg_url(pg_cluster: pg.Cluster) -> str:
+    """``postgresql://postgres@127.0.0.1:PORT/NAME`` of a new, empty database on ``pg_cluster``."""
+    return pg_cluster.create_database()

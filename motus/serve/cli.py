@@ -128,7 +128,8 @@ def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--timeout", default=0.0, type=click.FloatRange(0), help="Kill a turn after this many seconds; 0 = never."),
         click.option("--max-sessions", default=10000, show_default=True, type=click.IntRange(0), help="Cap on sessions; 0 = unlimited."),
         click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0), help="Wait this long for running turns on shutdown; 0 = as long as they take. With a durable store, turns still running then are replayed at the next start."),
-        click.option("--store", "store", default=None, envvar="MOTUS_STORE", metavar="URL", help="Where sessions live: memory, sqlite:///PATH (default: sqlite:///.motus/<module>.<attr>.sqlite3; $MOTUS_STORE)."),
+        click.option("--store", "store", default=None, envvar="MOTUS_STORE", metavar="URL", help="Where sessions live: memory, sqlite:///PATH, or postgresql://USER:PASSWORD@HOST:PORT/DB for several instances (default: sqlite:///.motus/<module>.<attr>.sqlite3; $MOTUS_STORE)."),
+        click.option("--lease-seconds", "lease_seconds", default=15.0, show_default=True, envvar="MOTUS_LEASE_SECONDS", type=click.FloatRange(1), help="PostgreSQL: an instance that has not renewed its lease for this long is taken for gone, and its turns are taken over by the others."),
         click.option("--park-after", "park_after", default=None, envvar="MOTUS_PARK_AFTER", metavar="SECONDS|never", callback=_parse_park_after, help="End the process of a turn that has waited on a person this long; a resume replays it (default: 30 with a durable store, never with memory)."),
         click.option("--allow-custom-ids", is_flag=True, help="Allow PUT /sessions/{id} with a client-chosen UUID."),
         click.option("--log-level", default="info", type=click.Choice(LOG_LEVELS, case_sensitive=False), show_default=True),
@@ -261,6 +262,7 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
             max_streams=stream_budget(opts),
             webhook_secret=opts.get("webhook_secret"),
             store=opts["store"],
+            lease_seconds=opts.get("lease_seconds", 15.0),
             park_after=opts["park_after"],
             metrics_port=opts.get("metrics_port"),
         )

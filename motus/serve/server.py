@@ -80,6 +80,7 @@ class AgentServer:
         max_waiters: int = 0,
         store: str | Store | None = None,
         park_after: float | None | str = "default",
+        lease_seconds: float = 15.0,
         host: str = "127.0.0.1",
         allowed_hosts: list[str] | None = None,
         webhook_allow: list[str] | None = None,
@@ -117,6 +118,8 @@ class AgentServer:
         if store is None:
             store = default_store_url(self.agent_path)
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
+        if self.store.shared:
+            self.store.lease_seconds = lease_seconds  # type: ignore[attr-defined]
         if park_after == "default":
             park_after = DEFAULT_PARK_AFTER if self.store.durable else None
         self.park_after: float | None = park_after  # type: ignore[assignment]

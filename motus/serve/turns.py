@@ -17,9 +17,13 @@ raises ``InvalidTransition`` on a move the diagram does not have (as
 
     any state but ENDED ── Result | Failure | process exit | delete | timeout | shutdown ──▶ ENDED
 
+    Shared stores (several instances): ELSEWHERE ── adopted here ──▶ PARKED (waits on a person)
+                                                               └──▶ QUEUED (replayed)
+
 What each state holds: QUEUED nothing yet (waits for a slot; a new turn, or a replay);
 RUNNING a compute slot and a process; WAITING and RESUMING a process but no slot; PARKED
-neither, only rows in the store. The session's public status follows: QUEUED, RUNNING and
+neither, only rows in the store; ELSEWHERE is a turn another instance runs (this one sees
+its rows, records answers to it, and takes it over only if that instance's lease lapses). The session's public status follows: QUEUED, RUNNING and
 RESUMING are ``running``; WAITING and PARKED are ``interrupted``.
 
 Guarantees:
@@ -57,7 +61,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from motus.serve.errors import (
     GrantNotFound,
@@ -73,15 +77,20 @@ from motus.serve.journal import canonical_payload, pack, unpack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
-from motus.serve.store import AuditRecord, Event, SessionRecord, Store, TurnRecord
+from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store, TurnRecord
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How many no-longer-pending interrupt ids a session remembers, to explain a 404.
 RETIRED_INTERRUPTS_KEPT = 256
 #: A waiting turn is parked only after its worker has said nothing for this long, so the
 #: other interrupts of one ``asyncio.gather`` arrive before its process ends.
 PARK_SETTLE_SECONDS = 0.1
+
+#: How often a change refused by a shared store (the row changed meanwhile) is tried again.
+STALE_RETRIES = 8
 
 #: A worker message the store refused is tried again this often, and for this long.
 STORE_RETRY_SECONDS = 0.5
@@ -117,6 +126,8 @@ class TurnState(str, Enum):
     WAITING = "waiting"
     RESUMING = "resuming"
     PARKED = "parked"
+    #: Shared stores: live on another instance, which runs it; here only its rows are seen.
+    ELSEWHERE = "elsewhere"
     ENDED = "ended"
 
 
@@ -126,6 +137,7 @@ _MOVES: dict[TurnState, frozenset[TurnState]] = {
     TurnState.WAITING: frozenset({TurnState.WAITING, TurnState.RESUMING, TurnState.PARKED, TurnState.ENDED}),
     TurnState.RESUMING: frozenset({TurnState.RUNNING, TurnState.WAITING, TurnState.ENDED}),
     TurnState.PARKED: frozenset({TurnState.PARKED, TurnState.QUEUED, TurnState.ENDED}),
+    TurnState.ELSEWHERE: frozenset({TurnState.PARKED, TurnState.QUEUED, TurnState.ENDED}),
     TurnState.ENDED: frozenset(),
 }
 _PUBLIC = {
@@ -244,6 +256,11 @@ class Session:
     retired: OrderedDict[str, str] = field(default_factory=OrderedDict)
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool name -> {"by", "at"}
     deleted: bool = False
+    #: Shared stores: the stored row's version this copy was read at, the instance that
+    #: runs its live turn, and whether another instance has changed the row since.
+    version: int = 0
+    owner: str | None = None
+    stale: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def view(self) -> SessionView:
@@ -274,6 +291,8 @@ class Session:
             "touched": self.touched,
             "turn": self.turn.record() if self.turn is not None and self.turn.state is not TurnState.ENDED else None,
             "grants": self.grants,
+            "version": self.version,
+            "owner": self.owner,
         }
         fields.update(changes)
         if isinstance(fields["status"], SessionStatus):
@@ -322,6 +341,8 @@ class Turns:
     ) -> None:
         self.store = store
         self.events = events
+        #: This instance's name in a shared store: the owner of the turns it runs.
+        self.instance = store.instance_id
         self.max_workers = max_workers
         self.timeout = timeout
         self.park_after = park_after
@@ -350,51 +371,74 @@ class Turns:
     def recover(self) -> int:
         """Load every session from the store (before serving). Interrupted turns come back
         parked with the same interrupt ids; running ones are queued to be replayed.
-        Returns how many turns will be replayed."""
-        replays = 0
+        Returns how many turns will be replayed. On a shared store every live turn is first
+        seen as another instance's: those whose instance is gone are taken over by
+        ``start`` (``claim_orphans``), each by one instance."""
         for record in self.store.load():
-            session = Session(
-                session_id=record.session_id,
-                touched=record.touched,
-                status=SessionStatus(record.status),
-                state=record.state,
-                response=record.response,
-                error=record.error,
-                turn_id=record.turn_id,
-                grants=dict(record.grants),
-            )
-            if record.turn is not None and session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
-                turn = Turn(
-                    session_id=session.session_id,
-                    turn_id=record.turn_id,
-                    message=record.turn.message,
-                    webhook=record.turn.webhook,
-                    deadline=record.turn.deadline,
-                    journal={e.seq: e for e in record.turn.journal},
-                    grants=record.turn.grants,
-                    started_at=record.turn.started_at,
-                )
-                session.turn = turn
-                for entry in turn.pending():
-                    if entry.expires_at is not None:
-                        self._schedule(entry.expires_at, "expire", turn, arg=entry.seq)
-                if turn.pending():
-                    turn.state = TurnState.PARKED
-                    session.status = SessionStatus.INTERRUPTED
-                else:
-                    session.status = SessionStatus.RUNNING
-                    self._ready.append(turn)
-                    replays += 1
-                if turn.deadline is not None:
-                    self._schedule(turn.deadline, "timeout", turn)
-            elif session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
-                session.status = SessionStatus.ERROR  # a row without its turn: cannot be resumed
-                session.error = EXITED
-            self._sessions[session.session_id] = session
+            session = self._session_from(record)
+            with self._registry:
+                self._sessions[session.session_id] = session
+        replays = 0
+        if not self.store.shared:
+            after = _After()
+            for session in self._all():
+                if session.turn is not None:
+                    self._adopt_locked(session, session.turn, after)
+            self._ready.extend(after.queued)
+            replays = len(after.queued)
         return replays
+
+    def _session_from(self, record: SessionRecord) -> Session:
+        """A working copy of a stored session; its live turn, if any, is another
+        instance's (``ELSEWHERE``) until adopted."""
+        session = Session(
+            session_id=record.session_id,
+            touched=record.touched,
+            status=SessionStatus(record.status),
+            state=record.state or [],
+            response=record.response,
+            error=record.error,
+            turn_id=record.turn_id,
+            grants=dict(record.grants),
+            version=record.version,
+            owner=record.owner,
+        )
+        if record.turn is not None and session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
+            session.turn = Turn(
+                session_id=session.session_id,
+                turn_id=record.turn_id,
+                message=record.turn.message,
+                webhook=record.turn.webhook,
+                deadline=record.turn.deadline,
+                journal={e.seq: e for e in record.turn.journal},
+                grants=record.turn.grants,
+                started_at=record.turn.started_at,
+                state=TurnState.ELSEWHERE,
+            )
+        elif session.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
+            session.status = SessionStatus.ERROR  # a row without its turn: cannot be resumed
+            session.error = EXITED
+        return session
+
+    def _adopt_locked(self, session: Session, turn: Turn, after: _After) -> None:
+        """A stored turn becomes this instance's to run: parked while it waits on a person,
+        queued for replay otherwise; its deadline and interrupt expiries are timed here."""
+        pending = turn.pending()
+        turn.move(TurnState.PARKED if pending else TurnState.QUEUED)
+        session.status = SessionStatus.INTERRUPTED if pending else SessionStatus.RUNNING
+        if not pending:
+            after.queued.append(turn)
+        for entry in pending:
+            if entry.expires_at is not None:
+                self._schedule(entry.expires_at, "expire", turn, arg=entry.seq)
+        if turn.deadline is not None:
+            self._schedule(turn.deadline, "timeout", turn)
 
     def start(self, pool: WorkerPool) -> None:
         self.pool = pool
+        if self.store.shared:
+            self.store.listen(self._changed_elsewhere, self._reconnected)
+            self._claim_orphans()
         self._housekeeper = threading.Thread(target=self._housekeep, name="motus-housekeeper", daemon=True)
         self._housekeeper.start()
         self._dispatch()
@@ -441,7 +485,7 @@ class Turns:
         after = _After()
         with session.lock:
             turn = session.turn
-            if turn is None or turn.state is TurnState.ENDED:
+            if turn is None or turn.state in (TurnState.ENDED, TurnState.ELSEWHERE):
                 return
             waiting = turn.state is TurnState.PARKED or (turn.state is TurnState.WAITING and not turn.calls_in_flight())
             if not (waiting or force):
@@ -464,6 +508,31 @@ class Turns:
         with self._registry:
             return list(self._sessions.values())
 
+    def _all_fresh(self) -> list[Session]:
+        """Every session, those another instance created or changed read again first."""
+        if self.store.shared:
+            try:
+                versions = self.store.versions()
+            except Exception as exc:
+                raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+            for session in self._all():
+                if versions.get(session.session_id) != session.version:
+                    session.stale = True
+            with self._registry:
+                unknown = [session_id for session_id in versions if session_id not in self._sessions]
+            for session_id in unknown:
+                self._load_shared(session_id)
+        sessions = self._all()
+        for session in sessions:
+            if session.stale:
+                after = _After()
+                try:
+                    with session.lock:
+                        self._fresh_locked(session, after)
+                finally:
+                    self._finish_read(after)
+        return [session for session in sessions if not session.deleted]
+
     def _lookup(self, session_id: str) -> Session | None:
         with self._registry:
             return self._sessions.get(session_id)
@@ -471,65 +540,99 @@ class Turns:
     def _session(self, session_id: str) -> Session:
         with self._registry:
             session = self._sessions.get(session_id)
+        if session is None and self.store.shared:
+            session = self._load_shared(session_id)  # created on another instance
         if session is None:
             raise SessionNotFound(session_id)
         return session
+
+    def _read(self, session_id: str, read: Callable[[Session], T]) -> T:
+        """``read(session)`` under its lock, on an up-to-date copy; 404 for one deleted."""
+        session = self._session(session_id)
+        after = _After()
+        try:
+            with session.lock:
+                self._fresh_locked(session, after, verify=True)
+                if session.deleted:
+                    raise SessionNotFound(session_id)
+                return read(session)
+        finally:
+            self._finish_read(after)
+
+    def _finish_read(self, after: _After) -> None:
+        """``_finish`` for a read, which may run inside a long poll's check, under an
+        ``Events`` condition: it publishes nothing (the listener that marked the session
+        changed has woken its waiters already)."""
+        after.publish.clear()
+        self._finish(after)
+
+    def _attempt(self, session_id: str, change: Callable[[Session, _After], T]) -> T:
+        """``change(session, after)`` under the session's lock, then its ``after``. On a
+        shared store a write refused because another instance changed the row first is
+        tried again on the row as it now is (where the change may be refused for good: an
+        interrupt answered meanwhile is a 404)."""
+        for _ in range(STALE_RETRIES):
+            session = self._session(session_id)
+            after = _After()
+            try:
+                with session.lock:
+                    self._fresh_locked(session, after, verify=True)
+                    if session.deleted:
+                        raise SessionNotFound(session_id)
+                    result = change(session, after)
+            except StaleSession:
+                session.stale = True
+                continue
+            finally:
+                self._finish(after)
+            return result
+        raise ServerUnavailable(f"Session {session_id} kept changing on other instances; try again")
 
     def __len__(self) -> int:
         with self._registry:
             return len(self._sessions)
 
     def get(self, session_id: str) -> SessionView:
-        session = self._session(session_id)
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
-            return session.view()
+        return self._read(session_id, Session.view)
 
     def messages(self, session_id: str) -> list[dict[str, Any]]:
-        session = self._session(session_id)
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
-            return list(session.state)
+        return self._read(session_id, lambda session: list(session.state))
 
     def live(self, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
         """A snapshot of the live turn (its id, message, journal and start time), or None
         when the session has no turn running or waiting."""
-        session = self._session(session_id)
-        with session.lock:
+        def live(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
             turn = session.turn
-            if session.deleted or turn is None or turn.state is TurnState.ENDED:
+            if turn is None or turn.state is TurnState.ENDED:
                 return None
             return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at
 
+        try:
+            return self._read(session_id, live)
+        except SessionNotFound:
+            return None
+
     def grants(self, session_id: str) -> dict[str, dict[str, Any]]:
-        session = self._session(session_id)
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
-            return dict(session.grants)
+        return self._read(session_id, lambda session: dict(session.grants))
 
     def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:
         """Forget a remembered approval. A turn already running keeps the grants it started
         with (a replay must see what the first run saw); the next turn asks again."""
-        session = self._session(session_id)
-        after = _After()
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
+        def revoke(session: Session, after: _After) -> None:
             if tool_name not in session.grants:
                 raise GrantNotFound(f"Session {session_id} has no remembered approval for tool {tool_name!r}")
             now = self._clock()
             grants = {name: grant for name, grant in session.grants.items() if name != tool_name}
             self._save(
+                session,
                 session.record(grants=grants, touched=now),
                 events=[session.event("revoke", now, tool_name=tool_name, by=by)],
                 audit=[AuditRecord(session_id, "revoke", now, by, {"tool_name": tool_name})],
             )
             session.grants, session.touched = grants, now
             after.publish.append(session_id)
-        self._finish(after)
+
+        self._attempt(session_id, revoke)
 
     def audit(self, session_id: str) -> list[AuditRecord]:
         self.get(session_id)  # 404 for an unknown session
@@ -538,7 +641,7 @@ class Turns:
     def inbox(self, kind: str | None = None) -> list[tuple[str, PendingInterrupt]]:
         """Every pending interrupt of every session (of type ``kind``), oldest first."""
         found = []
-        for session in self._all():
+        for session in self._all_fresh():
             with session.lock:
                 if session.deleted:
                     continue
@@ -555,7 +658,7 @@ class Turns:
 
     def list(self) -> list[SessionView]:
         views = []
-        for session in self._all():
+        for session in self._all_fresh():
             with session.lock:
                 if not session.deleted:
                     views.append(session.view())
@@ -568,7 +671,7 @@ class Turns:
             state = turn.state if turn is not None else None
             if state is TurnState.PARKED:
                 parked += 1
-            elif state is not None and state is not TurnState.ENDED:
+            elif state is not None and state not in (TurnState.ENDED, TurnState.ELSEWHERE):
                 live += 1
         with self._sched:
             running = self.max_workers - self._free_slots
@@ -616,22 +719,20 @@ class Turns:
                     )
                 self._sessions[session.session_id] = session
             try:
-                self._save(session.record(state=session.state), events=[session.event("status", session.touched, status="idle")])
-            except ServerUnavailable:
+                self._save(session, session.record(state=session.state), events=[session.event("status", session.touched, status="idle")])
+            except (ServerUnavailable, StaleSession) as exc:
                 session.deleted = True
                 with self._registry:
                     self._sessions.pop(session.session_id, None)
+                if isinstance(exc, StaleSession):  # created on another instance meanwhile
+                    raise SessionConflict(f"Session {session.session_id} already exists") from None
                 raise
             return session.view()
 
     def delete(self, session_id: str) -> None:
         """Remove the session; a live turn ends (its process gets ``EOFError`` and a grace)."""
-        session = self._session(session_id)
-        after = _After()
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
-            self._commit(lambda: self.store.delete(session_id, [session.event("status", self._clock(), status="deleted")]))
+        def delete(session: Session, after: _After) -> None:
+            self._delete_row(session, [session.event("status", self._clock(), status="deleted")])
             session.deleted = True
             turn = session.turn
             if turn is not None and turn.state is not TurnState.ENDED:
@@ -642,7 +743,14 @@ class Turns:
             with self._registry:
                 self._sessions.pop(session_id, None)
             after.publish.append(session_id)
-        self._finish(after)
+
+        self._attempt(session_id, delete)
+
+    def _delete_row(self, session: Session, events: list[Event]) -> None:
+        if self.store.shared:
+            self._commit(lambda: self.store.delete(session.session_id, events, version=session.version))  # type: ignore[call-arg]
+        else:
+            self._commit(lambda: self.store.delete(session.session_id, events))
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Remove idle and error sessions nothing has written to for ``ttl`` seconds."""
@@ -656,7 +764,10 @@ class Turns:
                     continue
                 try:
                     gone = [session.event("status", self._clock(), status="deleted", reason="ttl")]
-                    self._commit(lambda: self.store.delete(session.session_id, gone))
+                    self._delete_row(session, gone)
+                except StaleSession:
+                    session.stale = True  # changed elsewhere meanwhile: looked at again next sweep
+                    continue
                 except ServerUnavailable:
                     log.warning("TTL sweep could not delete session %s from the store", session.session_id)
                     continue
@@ -670,12 +781,10 @@ class Turns:
     # -- turns (request threads) ---------------------------------------------------------
 
     def start_turn(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None = None) -> None:
-        """idle|error -> running: commit the new turn, then queue it for a compute slot."""
-        session = self._session(session_id)
-        after = _After()
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
+        """idle|error -> running: commit the new turn, then queue it for a compute slot (it
+        runs on this instance, which owns it until it ends)."""
+
+        def start(session: Session, after: _After) -> Turn:
             if session.status is SessionStatus.RUNNING:
                 raise SessionConflict("Session is running; wait for the turn to finish or delete the session")
             if session.status is SessionStatus.INTERRUPTED:
@@ -692,38 +801,40 @@ class Turns:
                 grants=tuple(sorted(session.grants)),
                 started_at=now,
             )
-            self._save(session.record(status=SessionStatus.RUNNING, response=None, error=None,
-                                      turn_id=turn.turn_id, touched=now, turn=turn.record()),
+            self._save(session, session.record(status=SessionStatus.RUNNING, response=None, error=None,
+                                      turn_id=turn.turn_id, touched=now, turn=turn.record(), owner=self.instance),
                        events=[session.event("status", now, status="running", turn_id=turn.turn_id)])
-            session.turn, session.turn_id = turn, turn.turn_id
+            session.turn, session.turn_id, session.owner = turn, turn.turn_id, self.instance
             session.status, session.response, session.error, session.touched = SessionStatus.RUNNING, None, None, now
             after.queued.append(turn)
             after.publish.append(session_id)
             self.metrics.turn_started()
+            return turn
+
+        turn = self._attempt(session_id, start)
         if turn.deadline is not None:
             self._schedule(turn.deadline, "timeout", turn)
-        self._finish(after)
 
     def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS) -> SessionStatus:
         """Answer one pending interrupt on behalf of ``by`` (a key's name); returns the
-        status this left the session in."""
-        session = self._session(session_id)
-        after = _After()
-        with session.lock:
-            if session.deleted:
-                raise SessionNotFound(session_id)
+        status this left the session in. A turn whose worker runs on another instance gets
+        the value from that instance (it reads the answer from the store); one whose instance
+        is gone is taken over here and replayed."""
+
+        def resume(session: Session, after: _After) -> SessionStatus:
             turn = session.turn
             pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
             entry = next((e for e in pending if e.ref == interrupt_id), None)
             if entry is None or turn is None:
                 raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
-            status = self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after)
-        self._finish(after)
-        return status
+            take = turn.state is TurnState.ELSEWHERE and not self._owner_alive(session.owner)
+            return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
+
+        return self._attempt(session_id, resume)
 
     def _resolve_locked(
         self, session: Session, turn: Turn, entry: JournalEntry, last: bool, value: Any, by: str, after: _After,
-        expired: bool = False,
+        expired: bool = False, take: bool = False,
     ) -> SessionStatus:
         """One pending interrupt answered (by a person, or by its timeout with its default):
         commit the answer with its audit record, its events and any grant it gives, then
@@ -753,12 +864,22 @@ class Turns:
             audit.append(AuditRecord(session.session_id, "grant", now, by, {"tool_name": tool, "interrupt_id": interrupt_id}))
         if last:
             events.append(session.event("status", now, status=status.value))
-        self._save(session.record(status=status, touched=now, grants=grants), [answered], events, audit)
+        owner = self.instance if take else session.owner  # take: its instance is gone, it runs here
+        self._save(session, session.record(status=status, touched=now, grants=grants, owner=owner), [answered], events, audit)
         turn.journal[answered.seq] = answered
-        session.status, session.touched, session.grants = status, now, grants
+        session.status, session.touched, session.grants, session.owner = status, now, grants, owner
         session.retire(interrupt_id, "it expired and was resolved with its default" if expired else "it was already resumed")
         self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
-        message = Resume(interrupt_id=interrupt_id, value=value)
+        if take:
+            self._adopt_locked(session, turn, after)
+        self._deliver_locked(session, turn, Resume(interrupt_id=interrupt_id, value=value), last, after)
+        return status
+
+    def _deliver_locked(self, session: Session, turn: Turn, message: Resume, last: bool, after: _After) -> None:
+        """Pass a committed answer on: to the live worker (now, or with the turn's next
+        compute slot when it was the last one), or by replay of a parked turn once all are
+        answered. A turn running on another instance is not touched: that instance reads
+        the answer from the store and passes it on itself."""
         if turn.state is TurnState.WAITING:
             if last:
                 turn.move(TurnState.RESUMING)
@@ -770,10 +891,9 @@ class Turns:
             if last:
                 turn.move(TurnState.QUEUED)  # replayed from its journal in a fresh process
                 after.queued.append(turn)
-        else:
+        elif turn.state is not TurnState.ELSEWHERE:
             raise InvalidTransition(f"session {session.session_id} is interrupted but its turn is {turn.state.value}")
         after.publish.append(session.session_id)
-        return status
 
     @staticmethod
     def _why_not_pending(session: Session, interrupt_id: str) -> str:
@@ -815,7 +935,22 @@ class Turns:
 
     def _apply_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
         """Commit, then apply, one worker message. Raises ``ServerUnavailable`` with nothing
-        changed when the store refuses the write."""
+        changed when the store refuses the write. On a shared store, a row another instance
+        changed first (an answer given there, a delete) is read again and the message
+        applied to it; if the turn is no longer this instance's, the message is dropped and
+        the worker stopped (by the refresh)."""
+        for _ in range(STALE_RETRIES):
+            try:
+                self._apply_once_locked(session, turn, handle, message, after)
+                return
+            except StaleSession:
+                session.stale = True
+                self._fresh_locked(session, after)
+                if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
+                    return
+        raise ServerUnavailable(f"Session {session.session_id} kept changing on other instances")
+
+    def _apply_once_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
         if isinstance(message, Interrupt):
             self._interrupted_locked(session, turn, message, after)
         elif isinstance(message, Record):
@@ -891,7 +1026,7 @@ class Turns:
             events.append(session.event("interrupt", now, **interrupt_data(entry)))
         if session.status is not SessionStatus.INTERRUPTED:
             events.append(session.event("status", now, status=SessionStatus.INTERRUPTED.value))
-        self._save(session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry], events)
+        self._save(session, session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry], events)
         turn.journal[entry.seq] = entry
         session.status, session.touched = SessionStatus.INTERRUPTED, now
         if entry is not known:
@@ -929,8 +1064,8 @@ class Turns:
             session.event("error", now, error=error) if error is not None else session.event("message", now, response=response),
             session.event("status", now, status=status.value),
         ]
-        self._save(session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None),
-                   events=events)
+        self._save(session, session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None,
+                                           owner=None), events=events)
         if error is not None:
             lines = error.strip().splitlines()
             why = f"its turn ended with an error ({lines[-1] if lines else 'no message'})"
@@ -939,6 +1074,7 @@ class Turns:
         for entry in turn.pending():
             session.retire(entry.ref or "", why)
         session.status, session.response, session.error, session.state, session.touched = status, response, error, new_state, now
+        session.owner = None
         self._stop_turn_locked(turn, after)
         self.metrics.turn_ended(_OUTCOMES.get(error, "error"), time.monotonic() - turn.started)
         session.turn = None  # its journal goes with it; late messages from it are ignored
@@ -958,6 +1094,158 @@ class Turns:
         if turn.handle is not None:
             after.stop.append(turn.handle)
             turn.handle = None
+
+    # -- several instances on one store (shared stores only) ------------------------------
+
+    def _load_shared(self, session_id: str) -> Session | None:
+        """A session another instance created, read from the store into the registry."""
+        record = self._store_read(session_id)
+        if record is None:
+            return None
+        session = self._session_from(record)
+        with self._registry:
+            return self._sessions.setdefault(session_id, session)
+
+    def _store_read(self, session_id: str) -> SessionRecord | None:
+        try:
+            return self.store.load_one(session_id)
+        except Exception as exc:
+            log.warning("could not read session %s from the store: %s", session_id, exc)
+            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+
+    def _owner_alive(self, owner: str | None) -> bool:
+        if not self.store.shared or owner is None or owner == self.instance:
+            return owner is not None or not self.store.shared
+        try:
+            return self.store.owner_alive(owner)
+        except Exception as exc:
+            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+
+    def _fresh_locked(self, session: Session, after: _After, verify: bool = False) -> None:
+        """Read the session again if another instance changed it. ``verify`` asks the
+        store for the row's version rather than trusting the listener (a request must see
+        what another instance acknowledged before it, whose notice may still be on its way)."""
+        if not self.store.shared or session.deleted:
+            return
+        if verify and not session.stale:
+            try:
+                version = self.store.version_of(session.session_id)
+            except Exception as exc:
+                raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+            session.stale = version != session.version
+        if session.stale:
+            self._refresh_locked(session, after)
+
+    def _refresh_locked(self, session: Session, after: _After) -> None:
+        """Bring the working copy up to the stored row another instance wrote.
+
+        - The row is gone: the session was deleted; a worker of it here is stopped.
+        - This instance runs the live turn: interrupts answered elsewhere are passed on to
+          its worker (or, all answered, a parked turn is replayed), as a resume here would.
+        - Otherwise the stored turn replaces ours: someone else's (``ELSEWHERE``), or one just
+          taken over from a gone instance (adopted). A worker of a turn this instance lost
+          (its lease lapsed and another took it) is stopped: two never run one turn."""
+        record = self._store_read(session.session_id)
+        session.stale = False
+        turn = session.turn
+        live = turn is not None and turn.state is not TurnState.ENDED
+        if record is None:
+            session.deleted = True
+            if live:
+                self._stop_turn_locked(turn, after)  # type: ignore[arg-type]
+                for entry in turn.pending():  # type: ignore[union-attr]
+                    session.retire(entry.ref or "", "the session was deleted")
+            with self._registry:
+                if self._sessions.get(session.session_id) is session:
+                    del self._sessions[session.session_id]
+            after.publish.append(session.session_id)
+            return
+        ours = record.owner == self.instance
+        if record.version == session.version and not (ours and live and turn.state is TurnState.ELSEWHERE):  # type: ignore[union-attr]
+            return
+        fresh = self._session_from(record)
+        keep = live and ours and fresh.turn is not None and turn.turn_id == fresh.turn.turn_id and turn.state is not TurnState.ELSEWHERE  # type: ignore[union-attr]
+        session.version, session.owner, session.touched = fresh.version, fresh.owner, fresh.touched
+        session.status, session.response, session.error = fresh.status, fresh.response, fresh.error
+        session.state, session.turn_id, session.grants = fresh.state, fresh.turn_id, fresh.grants
+        if keep:
+            answered = []
+            for entry in fresh.turn.journal.values():  # type: ignore[union-attr]
+                known = turn.journal.get(entry.seq)  # type: ignore[union-attr]
+                if known is not None and known.kind == INTERRUPT and not known.done and entry.done:
+                    turn.journal[entry.seq] = entry  # type: ignore[union-attr]
+                    answered.append(entry)
+            for index, entry in enumerate(answered):
+                session.retire(entry.ref or "", "it was already resumed")
+                last = index == len(answered) - 1 and not turn.pending()  # type: ignore[union-attr]
+                try:
+                    value = unpack(entry.value)
+                except Exception as exc:  # an answer is always a value; a default may not load here
+                    value = {"error": f"could not read the stored answer: {exc}"}
+                self._deliver_locked(session, turn, Resume(interrupt_id=entry.ref or "", value=value), last, after)  # type: ignore[arg-type]
+        else:
+            if live:
+                for entry in turn.pending():  # type: ignore[union-attr]
+                    session.retire(entry.ref or "", "it was already resumed")
+                self._stop_turn_locked(turn, after)  # type: ignore[arg-type]
+            session.turn = fresh.turn
+            if fresh.turn is not None and ours:
+                self._adopt_locked(session, fresh.turn, after)
+        after.publish.append(session.session_id)
+
+    def _changed_elsewhere(self, session_id: str, version: int) -> None:
+        """The store's listener: a change was committed (by any instance). A session whose
+        live turn runs here is read again at once (its worker may be owed an answer, or may
+        have to stop); any other is marked to be read again when next used. Then the
+        session's waiters are woken (its long polls, streams and the inbox)."""
+        session = self._lookup(session_id)
+        if session is None:
+            if version > 0:
+                session = self._load_shared(session_id)  # new here: the inbox and lists show it
+        elif version <= 0 or version > session.version:
+            session.stale = True
+            turn = session.turn
+            if session.owner == self.instance or (turn is not None and turn.state not in (TurnState.ENDED, TurnState.ELSEWHERE)):
+                after = _After()
+                try:
+                    with session.lock:
+                        self._fresh_locked(session, after)
+                finally:
+                    self._finish(after)
+        self.events.publish(session_id)
+
+    def _reconnected(self) -> None:
+        """The listener was away: anything may have changed. Everything is read again."""
+        for session in self._all():
+            session.stale = True
+        for session in self._all():
+            self._changed_elsewhere(session.session_id, -1)
+        self.events.publish(ALL)
+
+    def _claim_orphans(self) -> None:
+        """Renew this instance's lease, then take over the live turns of instances whose
+        lease lapsed (housekeeping thread, and once at start). The store gives each to
+        exactly one instance; the new owner replays it, or keeps it parked."""
+        try:
+            self.store.renew_lease()
+            claimed = self.store.claim_orphans()
+        except Exception as exc:
+            log.warning("could not renew this instance's lease or take over turns: %s", exc)
+            return
+        for session_id in claimed:
+            log.info("taking over the turn of session %s from an instance whose lease lapsed", session_id)
+            session = self._lookup(session_id) or self._load_shared(session_id)
+            if session is None:
+                continue
+            session.stale = True
+            after = _After()
+            try:
+                with session.lock:
+                    self._fresh_locked(session, after)
+            except ServerUnavailable as exc:
+                log.warning("session %s: %s", session_id, exc.detail)
+            finally:
+                self._finish(after)
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -1037,17 +1325,21 @@ class Turns:
 
     def _save(
         self,
+        session: Session,
         record: SessionRecord,
         entries: list[JournalEntry] | tuple[JournalEntry, ...] = (),
         events: list[Event] | tuple[Event, ...] = (),
         audit: list[AuditRecord] | tuple[AuditRecord, ...] = (),
     ) -> None:
         self._commit(lambda: self.store.save(record, entries, events, audit))
+        session.version = record.version
 
     @staticmethod
-    def _commit(write: Callable[[], None]) -> None:
+    def _commit(write: Callable[[], object]) -> None:
         try:
             write()
+        except StaleSession:
+            raise  # another instance changed the row: the caller reads it again
         except Exception as exc:
             log.exception("store write failed")
             raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
@@ -1063,6 +1355,10 @@ class Turns:
     def _housekeep(self) -> None:
         sweep_every = min(max(self.ttl / 4, 0.05), 5.0) if self.ttl else None
         next_sweep = time.monotonic() + sweep_every if sweep_every else None
+        # Shared stores: the lease is renewed (and lapsed ones' turns taken over) three
+        # times a lease, so one missed renewal never lets it lapse.
+        lease_every = getattr(self.store, "lease_seconds", 15.0) / 3 if self.store.shared else None
+        next_lease = time.monotonic() + lease_every if lease_every else None
         while True:
             due: list[tuple[str, Turn, int]] = []
             with self._timers:
@@ -1071,11 +1367,11 @@ class Turns:
                     while self._heap and self._heap[0][0] <= now:
                         _, _, kind, turn, arg = heapq.heappop(self._heap)
                         due.append((kind, turn, arg))
-                    if due or (next_sweep is not None and time.monotonic() >= next_sweep):
+                    ticks = [tick for tick in (next_sweep, next_lease) if tick is not None]
+                    if due or any(time.monotonic() >= tick for tick in ticks):
                         break
                     waits = [self._heap[0][0] - now] if self._heap else []
-                    if next_sweep is not None:
-                        waits.append(next_sweep - time.monotonic())
+                    waits.extend(tick - time.monotonic() for tick in ticks)
                     self._timers.wait(min(max(0.0, min(waits)), MAX_TIMER_WAIT) if waits else None)
                 if self._stopped:
                     return
@@ -1091,6 +1387,9 @@ class Turns:
                         self._park(turn)
                 except Exception:
                     log.exception("%s of session %s failed", kind, turn.session_id)
+            if next_lease is not None and time.monotonic() >= next_lease:
+                next_lease = time.monotonic() + (lease_every or 5.0)
+                self._claim_orphans()
             if next_sweep is not None and time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + (sweep_every or 1.0)
                 try:
@@ -1106,14 +1405,20 @@ class Turns:
         if session is None:
             return
         after = _After()
-        with session.lock:
-            if session.turn is not turn or turn.state is TurnState.ENDED:
-                return
-            if turn.deadline is not None and turn.deadline > self._clock():
-                self._schedule(turn.deadline, "timeout", turn)
-                return
-            self._end_locked(session, turn, error=TIMED_OUT, after=after)
-        self._finish(after)
+        try:
+            with session.lock:
+                self._fresh_locked(session, after)
+                if session.deleted or session.turn is not turn or turn.state in (TurnState.ENDED, TurnState.ELSEWHERE):
+                    return
+                if turn.deadline is not None and turn.deadline > self._clock():
+                    self._schedule(turn.deadline, "timeout", turn)
+                    return
+                self._end_locked(session, turn, error=TIMED_OUT, after=after)
+        except (StaleSession, ServerUnavailable):
+            session.stale = True  # looked at again shortly, on the row as it then is
+            self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "timeout", turn, monotonic=True)
+        finally:
+            self._finish(after)
 
     def _expire(self, turn: Turn, seq: int) -> None:
         """An interrupt's timeout passed: resolve it with its default, ``by`` timeout."""
@@ -1121,23 +1426,25 @@ class Turns:
         if session is None:
             return
         after = _After()
-        with session.lock:
-            if session.deleted or session.turn is not turn or session.status is not SessionStatus.INTERRUPTED:
-                return
-            pending = turn.pending()
-            entry = next((e for e in pending if e.seq == seq), None)
-            if entry is None or entry.expires_at is None:
-                return  # answered meanwhile
-            if entry.expires_at > self._clock():
-                self._schedule(entry.expires_at, "expire", turn, arg=seq)
-                return
-            try:
+        try:
+            with session.lock:
+                self._fresh_locked(session, after)
+                if session.deleted or session.turn is not turn or session.status is not SessionStatus.INTERRUPTED:
+                    return
+                pending = turn.pending()
+                entry = next((e for e in pending if e.seq == seq), None)
+                if entry is None or entry.expires_at is None:
+                    return  # answered meanwhile
+                if entry.expires_at > self._clock():
+                    self._schedule(entry.expires_at, "expire", turn, arg=seq)
+                    return
                 value = unpack(entry.default)
                 self._resolve_locked(session, turn, entry, len(pending) == 1, value, BY_TIMEOUT, after, expired=True)
-            except ServerUnavailable:
-                self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "expire", turn, monotonic=True, arg=seq)
-                return
-        self._finish(after)
+        except (StaleSession, ServerUnavailable):
+            session.stale = True  # answered elsewhere meanwhile, or the store is away: looked at again
+            self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "expire", turn, monotonic=True, arg=seq)
+        finally:
+            self._finish(after)
 
     def _park(self, turn: Turn) -> None:
         """WAITING -> PARKED once it has waited ``park_after`` and its worker is quiet."""

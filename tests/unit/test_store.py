@@ -290,7 +290,7 @@ def test_store_from_url_accepts_memory_and_sqlite_paths(tmp_path: Path, monkeypa
 
 @pytest.mark.parametrize(
     "url",
-    ["", "sqlite:///", "sqlite:///data/", "sqlite://s.db", "sqlite:s.db", "mysql://db/x", "postgresql://db/x", "Memory", "file.db",
+    ["", "sqlite:///", "sqlite:///data/", "sqlite://s.db", "sqlite:s.db", "mysql://db/x", "Memory", "file.db",
      "sqlite:///:memory:", "sqlite:///s.db?mode=ro", "sqlite:///s.db?synchronous=off"],
 )
 def test_store_from_url_rejects_malformed_urls(url: str) -> None:

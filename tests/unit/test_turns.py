@@ -193,6 +193,8 @@ DIAGRAM = {
     (P, Q),  # last resume: replay
     (RS, R),  # compute slot: queued values sent
     (RS, W),  # Interrupt: queued values sent at once
+    (TurnState.ELSEWHERE, P),  # another instance's turn, adopted here while it waits on a person
+    (TurnState.ELSEWHERE, Q),  # ... or to be replayed
     *((state, E) for state in TurnState if state is not E),  # Result | Failure | exit | delete | timeout | shutdown
 }
 

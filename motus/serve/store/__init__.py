@@ -5,6 +5,7 @@
 | ``memory`` | nothing survives the process |
 | ``sqlite:///rel/path.db``, ``sqlite:////abs/path.db`` | one file, one server process |
 | ``...?synchronous=normal`` | the same, without an fsync per commit: survives a killed process, not power loss |
+| ``postgresql://user:password@host:port/db`` | several server instances on one database (``pip install 'motus[postgres]'``) |
 
 The default is ``sqlite:///.motus/<module>.<attr>.sqlite3`` in the working directory, named
 after the served agent, so two agents served from one folder never share sessions.
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import re
 
-from motus.serve.store.base import EVENTS_KEPT, SCHEMA_VERSION, AuditRecord, Event, SessionRecord, Store, StoreError, TurnRecord
+from motus.serve.store.base import EVENTS_KEPT, SCHEMA_VERSION, AuditRecord, Event, SessionRecord, StaleSession, Store, StoreError, TurnRecord
 from motus.serve.store.memory import MemoryStore
 
-__all__ = ["EVENTS_KEPT", "AuditRecord", "Event", "SCHEMA_VERSION", "SessionRecord", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
+__all__ = ["EVENTS_KEPT", "AuditRecord", "Event", "SCHEMA_VERSION", "SessionRecord", "StaleSession", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
 
 
 def default_store_url(agent_path: str | None) -> str:
@@ -53,7 +54,10 @@ def store_from_url(url: str) -> Store:
 
         return SqliteStore(url, path, synchronous=synchronous)
     if url.startswith(("postgresql://", "postgres://")):
-        raise StoreError("PostgreSQL stores are not available in this version of motus; use sqlite:///PATH or memory")
+        from motus.serve.store.postgres import PostgresStore
+
+        return PostgresStore(url)
     raise StoreError(
-        f"Unsupported store URL {url!r}: use memory, sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        f"Unsupported store URL {url!r}: use memory, sqlite:///relative/path.db, sqlite:////absolute/path.db "
+        "or postgresql://user@host:port/database"
     )

@@ -40,6 +40,12 @@ class StoreError(Exception):
     """The store cannot be opened or written. The message is one line saying what to do."""
 
 
+class StaleSession(Exception):
+    """A shared store refused a write: the session's row changed since this instance last
+    read it (another instance wrote it, deleted it, or took over its turn), or a session
+    being created already exists. The caller reads the session again and decides anew."""
+
+
 @dataclass
 class TurnRecord:
     """A live turn (running or interrupted): enough to replay it from the top."""
@@ -128,6 +134,10 @@ class SessionRecord:
     turn: TurnRecord | None = None
     #: Remembered approvals: tool name -> {"by": key name, "at": wall clock}.
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Shared stores only: the row's version this change was based on (0: a new session),
+    #: set to the new one by a successful ``save``; and the instance that runs the live turn.
+    version: int = 0
+    owner: str | None = None
 
 
 class Store(ABC):
@@ -137,6 +147,11 @@ class Store(ABC):
     kind: str = ""
     #: Whether anything survives a restart (parking and replay at start depend on it).
     durable: bool = False
+    #: Whether several server processes share it (PostgreSQL): then every write is checked
+    #: against the row's version, and the methods below the line are used.
+    shared: bool = False
+    #: This process's name in a shared store (the owner of the turns it runs).
+    instance_id: str = "local"
 
     def open(self) -> None:
         """Create or check the schema and claim the store for this process.
@@ -189,3 +204,35 @@ class Store(ABC):
     @abstractmethod
     def audit(self, session_id: str) -> list[AuditRecord]:
         """The session's audit records, oldest first."""
+
+    # -- shared stores only (``shared`` True) --------------------------------------------
+
+    def load_one(self, session_id: str) -> SessionRecord | None:
+        """One session as ``load`` gives it, or None if it does not exist."""
+        raise NotImplementedError
+
+    def version_of(self, session_id: str) -> int | None:
+        """The stored row's version, or None if the session does not exist."""
+        raise NotImplementedError
+
+    def versions(self) -> dict[str, int]:
+        """Every session's row version."""
+        raise NotImplementedError
+
+    def listen(self, on_change: Any, on_reconnect: Any) -> None:
+        """Start calling ``on_change(session_id, version)`` for every change committed by any
+        instance, and ``on_reconnect()`` after changes may have been missed."""
+
+    def renew_lease(self) -> None:
+        """Tell the other instances this one is alive for another lease period."""
+
+    def claim_orphans(self, limit: int = 100) -> list[str]:
+        """Take over (owner := this instance) live turns whose owner's lease lapsed, each
+        by exactly one instance; returns their session ids."""
+        return []
+
+    def owner_alive(self, owner: str) -> bool:
+        return True
+
+    def pull_events(self) -> None:
+        """Fetch events committed by any instance into the events kept in memory."""

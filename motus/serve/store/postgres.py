@@ -1,0 +1,560 @@
+"""``--store postgresql://...``: several server instances on one PostgreSQL database.
+
+Guarantees (the contract is "Several instances" in the durability spec):
+
+- Every ``save`` is one transaction. A change to an existing session is written only if
+  the row still has the version the writer read (``UPDATE ... WHERE version = %s``);
+  otherwise nothing is written and ``StaleSession`` is raised, so two instances can never
+  both act on one state (two resumes of one interrupt: one commits, the other reads the
+  session again and finds the interrupt answered). A session being created that exists is
+  ``StaleSession`` too.
+- Journal records of a live turn (``save_entries``) are written only while this instance
+  owns the turn: an instance that lost its turn (its lease lapsed, another took over) can
+  never add to the journal the new owner replays.
+- Events get their seqs from one counter row, locked until the transaction commits, so
+  seqs are assigned in commit order: a reader that has seen seq N has seen every event
+  below it (``Last-Event-ID`` misses nothing across instances).
+- Every committed change sends ``NOTIFY motus, 'session_id version'`` in its transaction.
+  One listening connection per instance (``listen``) turns them into calls, and pulls the
+  new events into memory once for all the streams of the instance.
+- Leases: each instance keeps a row in ``motus_leases`` whose expiry it pushes forward
+  (``renew_lease``); ``claim_orphans`` takes the live turns of instances whose lease
+  lapsed, with ``FOR UPDATE SKIP LOCKED``, so each is taken by exactly one instance.
+  Times are the database's own clock, the one clock every instance shares.
+- The schema has a version in ``motus_meta``; a database written by a newer motus is refused.
+
+Threads: a ``psycopg_pool.ConnectionPool`` serves every thread (one connection per call,
+returned at once); the listener thread has its own connection. ``_recent`` and ``_pulled``
+are guarded by ``_lock``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from motus.serve.protocol import JournalEntry
+from motus.serve.store.base import (
+    EVENTS_KEPT,
+    RECENT_EVENTS,
+    SCHEMA_VERSION,
+    AuditRecord,
+    Event,
+    RecentEvents,
+    SessionRecord,
+    StaleSession,
+    Store,
+    StoreError,
+    TurnRecord,
+)
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "motus"
+#: Events are pruned (down to ``EVENTS_KEPT``) once every this many.
+_PRUNE_EVERY = 1000
+#: How long a request waits for a connection of the pool before it is a 503.
+POOL_TIMEOUT = 5.0
+#: A listener that lost its connection tries again this often.
+RECONNECT_SECONDS = 0.5
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS motus_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS motus_sessions (
+    session_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    state TEXT NOT NULL,
+    response TEXT,
+    error TEXT,
+    turn_id BIGINT NOT NULL,
+    touched DOUBLE PRECISION NOT NULL,
+    turn TEXT,
+    grants TEXT,
+    version BIGINT NOT NULL,
+    owner TEXT
+);
+CREATE INDEX IF NOT EXISTS motus_sessions_by_owner ON motus_sessions (owner) WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS motus_journal (
+    session_id TEXT NOT NULL,
+    turn_id BIGINT NOT NULL,
+    seq BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    label TEXT NOT NULL,
+    done BOOLEAN NOT NULL,
+    value BYTEA,
+    ref TEXT,
+    payload TEXT,
+    answered_at DOUBLE PRECISION,
+    answered_by TEXT,
+    parent BIGINT,
+    created_at DOUBLE PRECISION,
+    expires_at DOUBLE PRECISION,
+    default_value BYTEA,
+    PRIMARY KEY (session_id, turn_id, seq)
+);
+CREATE TABLE IF NOT EXISTS motus_events (
+    seq BIGINT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS motus_events_by_session ON motus_events (session_id, seq);
+CREATE TABLE IF NOT EXISTS motus_event_counter (id INT PRIMARY KEY, seq BIGINT NOT NULL);
+INSERT INTO motus_event_counter (id, seq) VALUES (1, 0) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS motus_audit (
+    id BIGSERIAL PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    by TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS motus_audit_by_session ON motus_audit (session_id, id);
+CREATE TABLE IF NOT EXISTS motus_leases (
+    instance_id TEXT PRIMARY KEY,
+    expires TIMESTAMPTZ NOT NULL,
+    started TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+"""
+
+_SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner"
+_JOURNAL_COLUMNS = (
+    "seq, kind, key, label, done, value, ref, payload, answered_at, answered_by, parent, created_at, expires_at, default_value"
+)
+
+
+def _dumps(value: Any) -> str | None:
+    # ASCII escapes: what a client sent is kept as written (a lone surrogate, a NUL, which
+    # PostgreSQL's text would refuse), exactly as in the SQLite store.
+    return None if value is None else json.dumps(value)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def where(url: str) -> str:
+    """``host:port/database`` of a URL, for messages (never its password)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+
+
+class PostgresStore(Store):
+    kind = "postgresql"
+    durable = True
+    shared = True
+
+    def __init__(self, url: str, lease_seconds: float = 15.0, events_kept: int = EVENTS_KEPT, pool_size: int = 10) -> None:
+        self.dsn = url  # with its password: for connecting only
+        self.url = f"postgresql://{where(url)}"  # for logs and messages
+        self.lease_seconds = lease_seconds
+        self.events_kept = events_kept
+        self.pool_size = pool_size
+        self.instance_id = uuid.uuid4().hex[:12]
+        self._pool: Any = None
+        self._lock = threading.Lock()
+        self._recent = RecentEvents(min(events_kept, RECENT_EVENTS))
+        self._pulled = 0  # the newest seq in _recent: every event up to it has been pulled
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    # -- opening ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError:
+            raise StoreError("PostgreSQL stores need psycopg 3: pip install 'motus[postgres]'") from None
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=5, autocommit=True) as conn:
+                self._create_schema(conn)
+        except psycopg.Error as exc:
+            raise StoreError(f"Cannot open store postgresql://{where(self.dsn)}: {_one_line(exc)}") from None
+        self._closing.clear()
+        self._pool = ConnectionPool(
+            self.dsn, min_size=1, max_size=self.pool_size, timeout=POOL_TIMEOUT, open=True,
+            kwargs={"connect_timeout": 5}, name=f"motus-{self.instance_id}",
+        )
+        with self._lock:
+            self._pulled = self._newest_seq()
+        self.renew_lease()
+
+    def _create_schema(self, conn: Any) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(7231)")  # instances starting together
+            exists = conn.execute("SELECT to_regclass('motus_meta') IS NOT NULL").fetchone()[0]
+            if exists:
+                row = conn.execute("SELECT value FROM motus_meta WHERE key = 'schema_version'").fetchone()
+                if row is not None:
+                    try:
+                        version = int(row[0])
+                    except ValueError:
+                        raise StoreError(f"Store postgresql://{where(self.dsn)} has an unreadable schema version {row[0]!r}") from None
+                    if version > SCHEMA_VERSION:
+                        raise StoreError(
+                            f"Store postgresql://{where(self.dsn)} has schema version {version}, newer than this motus "
+                            f"understands ({SCHEMA_VERSION}); upgrade motus. The database was not changed."
+                        )
+            conn.execute(_SCHEMA)
+            conn.execute(
+                "INSERT INTO motus_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (str(SCHEMA_VERSION),),
+            )
+
+    def close(self) -> None:
+        self._closing.set()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                with pool.connection(timeout=2) as conn:
+                    conn.execute("DELETE FROM motus_leases WHERE instance_id = %s", (self.instance_id,))
+            except Exception as exc:  # the database is gone: the lease lapses by itself
+                log.warning("could not give up this instance's lease: %s", _one_line(exc))
+            pool.close()
+        if self._listener is not None and self._listener is not threading.current_thread():
+            self._listener.join(timeout=5)
+            self._listener = None
+
+    def _conn(self) -> Any:
+        if self._pool is None:
+            raise StoreError(f"Store postgresql://{where(self.dsn)} is closed")
+        return self._pool.connection()
+
+    # -- reading ---------------------------------------------------------------------
+
+    def load(self) -> Iterator[SessionRecord]:
+        with self._conn() as conn:
+            journals: dict[str, list[JournalEntry]] = {}
+            for row in conn.execute(
+                "SELECT j.session_id, " + ", ".join("j." + c.strip() for c in _JOURNAL_COLUMNS.split(",")) +
+                " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                "ORDER BY j.session_id, j.seq"
+            ):
+                journals.setdefault(row[0], []).append(_entry(row[1:]))
+            rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM motus_sessions ORDER BY touched").fetchall()
+        for row in rows:
+            yield _session(row, journals.get(row[0], []))
+
+    def load_one(self, session_id: str) -> SessionRecord | None:
+        with self._conn() as conn:
+            with conn.transaction():  # one snapshot: the row and its journal agree
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                row = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM motus_sessions WHERE session_id = %s", (session_id,)).fetchone()
+                if row is None:
+                    return None
+                entries = conn.execute(
+                    f"SELECT {_JOURNAL_COLUMNS} FROM motus_journal WHERE session_id = %s AND turn_id = %s ORDER BY seq",
+                    (session_id, row[5]),
+                ).fetchall()
+        return _session(row, [_entry(e) for e in entries])
+
+    def version_of(self, session_id: str) -> int | None:
+        with self._conn() as conn:
+            row = conn.execute("SELECT version FROM motus_sessions WHERE session_id = %s", (session_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def versions(self) -> dict[str, int]:
+        with self._conn() as conn:
+            return {row[0]: int(row[1]) for row in conn.execute("SELECT session_id, version FROM motus_sessions")}
+
+    # -- writing ---------------------------------------------------------------------
+
+    def save(
+        self,
+        record: SessionRecord,
+        entries: Sequence[JournalEntry] = (),
+        events: Sequence[Event] = (),
+        audit: Sequence[AuditRecord] = (),
+    ) -> int:
+        turn = record.turn
+        turn_json = None if turn is None else _dumps(
+            {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline, "grants": list(turn.grants),
+             "started_at": turn.started_at}
+        )
+        grants = _dumps(record.grants) if record.grants else None
+        new_version = record.version + 1
+        with self._conn() as conn, conn.transaction():
+            if record.version == 0:
+                cursor = conn.execute(
+                    f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (session_id) DO NOTHING",
+                    (record.session_id, record.status, _dumps(record.state or []), _dumps(record.response), record.error,
+                     record.turn_id, record.touched, turn_json, grants, new_version, record.owner),
+                )
+            elif record.state is None:
+                cursor = conn.execute(
+                    "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, turn = %s, "
+                    "grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s",
+                    (record.status, _dumps(record.response), record.error, record.turn_id, record.touched, turn_json, grants,
+                     new_version, record.owner, record.session_id, record.version),
+                )
+            else:
+                cursor = conn.execute(
+                    "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
+                    "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s",
+                    (record.status, _dumps(record.state), _dumps(record.response), record.error, record.turn_id,
+                     record.touched, turn_json, grants, new_version, record.owner, record.session_id, record.version),
+                )
+            if cursor.rowcount != 1:
+                raise StaleSession(record.session_id)
+            if turn is None:
+                conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (record.session_id,))
+            else:
+                conn.execute("DELETE FROM motus_journal WHERE session_id = %s AND turn_id <> %s", (record.session_id, turn.turn_id))
+                self._put_entries(conn, record.session_id, turn.turn_id, entries)
+            if audit:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO motus_audit (session_id, kind, at, by, data) VALUES (%s, %s, %s, %s, %s)",
+                        [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
+                    )
+            last = self._put_events(conn, events)
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{record.session_id} {new_version}"))
+        record.version = new_version
+        return last
+
+    def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
+        with self._conn() as conn, conn.transaction():
+            row = conn.execute(
+                "SELECT 1 FROM motus_sessions WHERE session_id = %s AND turn_id = %s AND owner = %s FOR SHARE",
+                (session_id, turn_id, self.instance_id),
+            ).fetchone()
+            if row is None:
+                raise StaleSession(session_id)  # no longer ours to write
+            self._put_entries(conn, session_id, turn_id, entries)
+
+    @staticmethod
+    def _put_entries(conn: Any, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
+        if not entries:
+            return
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO motus_journal (session_id, turn_id, {_JOURNAL_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (session_id, turn_id, seq) DO UPDATE SET kind = EXCLUDED.kind, key = EXCLUDED.key, "
+                "label = EXCLUDED.label, done = EXCLUDED.done, value = EXCLUDED.value, ref = EXCLUDED.ref, "
+                "payload = EXCLUDED.payload, answered_at = EXCLUDED.answered_at, answered_by = EXCLUDED.answered_by, "
+                "parent = EXCLUDED.parent, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, "
+                "default_value = EXCLUDED.default_value",
+                [
+                    (session_id, turn_id, e.seq, e.kind, e.key, e.label, bool(e.done), e.value, e.ref, _dumps(e.payload),
+                     e.answered_at, e.answered_by, e.parent, e.created_at, e.expires_at, e.default)
+                    for e in entries
+                ],
+            )
+
+    def _put_events(self, conn: Any, events: Sequence[Event]) -> int:
+        """Number ``events`` from the counter row (locked until commit: seqs in commit
+        order) and insert them; prune now and then."""
+        if not events:
+            return 0
+        last = conn.execute(
+            "UPDATE motus_event_counter SET seq = seq + %s WHERE id = 1 RETURNING seq", (len(events),)
+        ).fetchone()[0]
+        first = last - len(events) + 1
+        for offset, event in enumerate(events):
+            event.seq = first + offset
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO motus_events (seq, session_id, kind, data, at) VALUES (%s, %s, %s, %s, %s)",
+                [(e.seq, e.session_id, e.kind, _dumps(e.data), e.at) for e in events],
+            )
+        if first // _PRUNE_EVERY != (last + 1) // _PRUNE_EVERY:
+            conn.execute("DELETE FROM motus_events WHERE seq <= %s", (last - self.events_kept,))
+        return last
+
+    def delete(self, session_id: str, events: Sequence[Event] = (), version: int | None = None) -> int:
+        with self._conn() as conn, conn.transaction():
+            if version is None:
+                cursor = conn.execute("DELETE FROM motus_sessions WHERE session_id = %s", (session_id,))
+            else:
+                cursor = conn.execute("DELETE FROM motus_sessions WHERE session_id = %s AND version = %s", (session_id, version))
+            if cursor.rowcount != 1:
+                raise StaleSession(session_id)
+            conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (session_id,))
+            conn.execute("DELETE FROM motus_audit WHERE session_id = %s", (session_id,))
+            last = self._put_events(conn, events)
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{session_id} 0"))
+        return last
+
+    # -- events and audit --------------------------------------------------------------
+
+    def _newest_seq(self) -> int:
+        with self._conn() as conn:
+            return int(conn.execute("SELECT seq FROM motus_event_counter WHERE id = 1").fetchone()[0])
+
+    def pull_events(self) -> None:
+        with self._lock:
+            after = self._pulled
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT seq, session_id, kind, data, at FROM motus_events WHERE seq > %s ORDER BY seq LIMIT 5000", (after,)
+            ).fetchall()
+        with self._lock:
+            fresh = [_event(row) for row in rows if row[0] > self._pulled]
+            if fresh:
+                self._recent.extend(fresh)
+                self._pulled = fresh[-1].seq
+
+    def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
+        with self._lock:
+            if self._recent.covers(after) or after >= self._pulled:
+                return self._recent.after(after, session_id, limit)  # up to what the listener pulled
+        with self._conn() as conn:
+            if session_id is None:
+                rows = conn.execute(
+                    "SELECT seq, session_id, kind, data, at FROM motus_events WHERE seq > %s AND seq <= %s ORDER BY seq LIMIT %s",
+                    (after, self._pulled, limit),
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT seq, session_id, kind, data, at FROM motus_events WHERE session_id = %s AND seq > %s AND seq <= %s "
+                    "ORDER BY seq LIMIT %s",
+                    (session_id, after, self._pulled, limit),
+                ).fetchall()
+        return [_event(row) for row in rows]
+
+    def event_bounds(self) -> tuple[int, int]:
+        with self._conn() as conn:
+            low = conn.execute("SELECT min(seq) FROM motus_events").fetchone()[0]
+        with self._lock:
+            high = self._pulled
+        if low is None or low > high:
+            return (high + 1, high) if high else (0, 0)
+        return int(low), high
+
+    def audit(self, session_id: str) -> list[AuditRecord]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT kind, at, by, data FROM motus_audit WHERE session_id = %s ORDER BY id", (session_id,)
+            ).fetchall()
+        return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=_loads(row[3])) for row in rows]
+
+    # -- several instances -------------------------------------------------------------
+
+    def renew_lease(self) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                "INSERT INTO motus_leases (instance_id, expires) VALUES (%s, now() + make_interval(secs => %s)) "
+                "ON CONFLICT (instance_id) DO UPDATE SET expires = EXCLUDED.expires",
+                (self.instance_id, self.lease_seconds),
+            )
+
+    def owner_alive(self, owner: str) -> bool:
+        with self._conn() as conn:
+            row = conn.execute("SELECT expires > now() FROM motus_leases WHERE instance_id = %s", (owner,)).fetchone()
+        return bool(row and row[0])
+
+    def claim_orphans(self, limit: int = 100) -> list[str]:
+        with self._conn() as conn, conn.transaction():
+            rows = conn.execute(
+                "SELECT session_id FROM motus_sessions s WHERE s.turn IS NOT NULL AND (s.owner IS NULL OR (s.owner <> %s "
+                "AND NOT EXISTS (SELECT 1 FROM motus_leases l WHERE l.instance_id = s.owner AND l.expires > now()))) "
+                "ORDER BY touched LIMIT %s FOR UPDATE SKIP LOCKED",
+                (self.instance_id, limit),
+            ).fetchall()
+            claimed = [row[0] for row in rows]
+            if claimed:
+                conn.execute(
+                    "UPDATE motus_sessions SET owner = %s, version = version + 1 WHERE session_id = ANY(%s)",
+                    (self.instance_id, claimed),
+                )
+                for session_id in claimed:
+                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{session_id} -1"))
+            conn.execute("DELETE FROM motus_leases WHERE expires < now() - interval '1 hour'")
+        return claimed
+
+    def listen(self, on_change: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
+        self._listener = threading.Thread(
+            target=self._listen, args=(on_change, on_reconnect), name="motus-pg-listener", daemon=True
+        )
+        self._listener.start()
+
+    def _listen(self, on_change: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
+        """One connection, ``LISTEN motus``: pull the new events, then tell the server which
+        sessions changed. After a lost connection, everything is assumed changed."""
+        import psycopg
+
+        first = True
+        while not self._closing.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    if not first:
+                        log.info("the store's listener is connected again")
+                    self.pull_events()
+                    on_reconnect()  # what changed while nobody listened
+                    first = False
+                    while not self._closing.is_set():
+                        changed: dict[str, int] = {}
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                            session_id, _, version = note.payload.partition(" ")
+                            changed[session_id] = int(version or 0)
+                        if not changed:
+                            continue
+                        for note in conn.notifies(timeout=0, stop_after=500):  # the rest of a burst
+                            session_id, _, version = note.payload.partition(" ")
+                            changed[session_id] = int(version or 0)
+                        self.pull_events()
+                        for session_id, version in changed.items():
+                            try:
+                                on_change(session_id, version)
+                            except Exception:
+                                log.exception("handling a change of session %s failed", session_id)
+            except Exception as exc:
+                if self._closing.is_set():
+                    return
+                log.warning("the store's listener lost its connection (%s); trying again", _one_line(exc))
+                self._closing.wait(RECONNECT_SECONDS)
+
+
+def _entry(row: Sequence[Any]) -> JournalEntry:
+    return JournalEntry(
+        seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=_bytes(row[5]), ref=row[6],
+        payload=_loads(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
+        expires_at=row[12], default=_bytes(row[13]),
+    )
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _session(row: Sequence[Any], journal: list[JournalEntry]) -> SessionRecord:
+    session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner = row
+    live = _loads(turn)
+    return SessionRecord(
+        session_id=session_id,
+        status=status,
+        state=_loads(state),
+        response=_loads(response),
+        error=error,
+        turn_id=turn_id,
+        touched=touched,
+        turn=None if live is None else TurnRecord(
+            turn_id=turn_id, message=live["message"], webhook=live.get("webhook"), deadline=live.get("deadline"),
+            journal=journal, grants=tuple(live.get("grants") or ()), started_at=live.get("started_at"),
+        ),
+        grants=_loads(grants) or {},
+        version=version,
+        owner=owner,
+    )
+
+
+def _event(row: Sequence[Any]) -> Event:
+    return Event(session_id=row[1], kind=row[2], data=_loads(row[3]), at=row[4], seq=row[0])
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

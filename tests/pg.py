@@ -87,6 +87,8 @@ class Cluster:
         self._server: subprocess.Popen[bytes] | None = None
         self._as_user, self._owner = _privilege_drop()
         self._names = count(1)
+        #: Set for the session's cluster (``pg_cluster``): the leak check leaves it running.
+        self.session_scoped = False
 
     # -- paths and addresses
 

@@ -23,7 +23,8 @@ raises ``InvalidTransition`` on a move the diagram does not have (as
 What each state holds: QUEUED nothing yet (waits for a slot; a new turn, or a replay);
 RUNNING a compute slot and a process; WAITING and RESUMING a process but no slot; PARKED
 neither, only rows in the store; ELSEWHERE is a turn another instance runs (this one sees
-its rows, records answers to it, and takes it over only if that instance's lease lapses). The session's public status follows: QUEUED, RUNNING and
+its rows, records answers to it, and takes it over only if that instance's lease lapses).
+The session's public status follows: QUEUED, RUNNING and
 RESUMING are ``running``; WAITING and PARKED are ``interrupted``.
 
 Guarantees:
@@ -41,6 +42,13 @@ Guarantees:
 - An interrupt id is pending exactly once; a second resume of it is a 404 that says why.
 - A turn is parked only while it waits on a person and no gated tool of it is inside its
   body, so parking never turns an approved action into an "outcome unknown".
+- Several instances on one shared store (PostgreSQL): the store is the truth and each
+  instance's sessions are a cache of it. Every write names the row version it was based on
+  and is refused (``StaleSession``) if another instance wrote first; the change is then
+  decided again on the row as it is (``_attempt``). A request reads the row's version before
+  it answers, so it sees whatever another instance acknowledged before it. A live turn runs
+  on the instance that owns it (``Session.owner``); answers given elsewhere reach it through
+  the store's listener (``_changed_elsewhere`` -> ``_refresh_locked``).
 
 Thread ownership and lock order: ``Session`` fields and its ``Turn`` are guarded by
 ``Session.lock``; the sessions dict by ``_registry``; slots and the ready queue by
@@ -1182,7 +1190,10 @@ class Turns:
                     value = unpack(entry.value)
                 except Exception as exc:  # an answer is always a value; a default may not load here
                     value = {"error": f"could not read the stored answer: {exc}"}
-                self._deliver_locked(session, turn, Resume(interrupt_id=entry.ref or "", value=value), last, after)  # type: ignore[arg-type]
+                if turn.state in (TurnState.WAITING, TurnState.PARKED):  # type: ignore[union-attr]
+                    self._deliver_locked(session, turn, Resume(interrupt_id=entry.ref or "", value=value), last, after)  # type: ignore[arg-type]
+                else:  # cannot happen: a turn with a pending interrupt waits; logged, never raised
+                    log.warning("session %s: an answer given elsewhere found the turn %s", session.session_id, turn.state.value)  # type: ignore[union-attr]
         else:
             if live:
                 for entry in turn.pending():  # type: ignore[union-attr]

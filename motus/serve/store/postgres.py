@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import Server, wait_until
+from tests.conftest import Instances, Server, server_factory, wait_until
 from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.test_hitl import WebhookSink
@@ -30,6 +30,27 @@ OPS, VIEWER = "ops-secret-1", "viewer-secret-2"
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["one-server", "two-instances-on-postgresql"])
+def start_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Every test runs twice: against one server, and against two instances on one
+    PostgreSQL database, each request going to the next instance in turn (event streams
+    are read from the first, so they show what the other did). A test that names its own
+    ``--store`` (a restart on a SQLite file) runs on one server both times."""
+    with server_factory(tmp_path) as start:
+        if request.param == "one-server":
+            yield start
+            return
+
+        def start_instances(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+            if "--store" in args:
+                return start(agent, *args, env=env)
+            url = request.getfixturevalue("pg_cluster").create_database()
+            first, second = (start(agent, *args, "--store", url, env=env) for _ in range(2))
+            return Instances.of(first, second)
+
+        yield start_instances
 
 
 class Stream:

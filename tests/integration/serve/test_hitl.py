@@ -16,13 +16,21 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import Server, server_factory, wait_until
+from tests.conftest import Instances, Server, server_factory, wait_until
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["one-server", "two-instances-on-postgresql"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The suite runs twice: against one server (its default SQLite store), and against two
+    instances on one PostgreSQL database with every request going to the next instance in
+    turn, so the two backends, and one instance and several, cannot drift apart."""
     with server_factory(tmp_path_factory.mktemp("hitl")) as start:
-        yield start("tests.agents:dispatch", "--workers", "2")
+        if request.param == "one-server":
+            yield start("tests.agents:dispatch", "--workers", "2")
+        else:
+            url = request.getfixturevalue("pg_cluster").create_database()
+            first, second = (start("tests.agents:dispatch", "--workers", "2", "--store", url) for _ in range(2))
+            yield Instances.of(first, second)
 
 
 def start_turn(server: Server, content: str) -> str:
@@ -433,7 +441,7 @@ def test_health(server: Server) -> None:
     body = server.get("/health").json()
     assert body["status"] == "ok" and body["max_workers"] == 2
     assert set(body) == {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns", "open_streams"}
-    assert body["store"] == "memory"
+    assert body["store"] == ("postgresql" if isinstance(server, Instances) else "memory")
 
 
 def test_long_poll_times_out_while_running(server: Server) -> None:

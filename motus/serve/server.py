@@ -43,6 +43,8 @@ DEFAULT_MAX_WAIT_SECONDS = 300.0
 DEFAULT_MAX_INTERRUPTS = 64
 #: How long running turns may take to finish when the server stops.
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+#: The store URL's environment variable (``--store``'s default), kept from agents.
+STORE_ENV_VAR = "MOTUS_STORE"
 #: With a durable store, a turn waiting on a person is parked after this many seconds.
 DEFAULT_PARK_AFTER = 30.0
 #: Event streams open at once (each holds a request thread; gunicorn has 128 by default).
@@ -197,6 +199,7 @@ class AgentServer:
             # starts with the pool below.
             os.environ.pop(API_KEY_ENV_VAR, None)
             os.environ.pop(WEBHOOK_SECRET_ENV_VAR, None)
+            os.environ.pop(STORE_ENV_VAR, None)  # a database URL with its password: whoever writes there answers interrupts
             pool = WorkerPool(
                 listener=self.turns,
                 agent_path=self.agent_path,

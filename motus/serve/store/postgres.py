@@ -62,6 +62,20 @@ _PRUNE_EVERY = 1000
 POOL_TIMEOUT = 5.0
 #: A listener that lost its connection tries again this often.
 RECONNECT_SECONDS = 0.5
+#: Every connection's settings. The server ends a statement that waits on a lock or runs
+#: too long, and the transaction of a connection that went quiet inside one (an instance
+#: frozen mid-write would otherwise hold the event counter's lock, and every instance's
+#: writes with it): a 503 for one request instead of a cluster that hangs. TCP keepalives
+#: notice a database host that vanished from the network.
+CONNECTION_SETTINGS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "options": "-c lock_timeout=5000 -c statement_timeout=15000 -c idle_in_transaction_session_timeout=10000",
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "application_name": "motus",
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS motus_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -174,14 +188,14 @@ class PostgresStore(Store):
         except ImportError:
             raise StoreError("PostgreSQL stores need psycopg 3: pip install 'motus[postgres]'") from None
         try:
-            with psycopg.connect(self.dsn, connect_timeout=5, autocommit=True) as conn:
+            with psycopg.connect(self.dsn, autocommit=True, **CONNECTION_SETTINGS) as conn:
                 self._create_schema(conn)
         except psycopg.Error as exc:
             raise StoreError(f"Cannot open store postgresql://{where(self.dsn)}: {_one_line(exc)}") from None
         self._closing.clear()
         self._pool = ConnectionPool(
             self.dsn, min_size=1, max_size=self.pool_size, timeout=POOL_TIMEOUT, open=True,
-            kwargs={"connect_timeout": 5}, name=f"motus-{self.instance_id}",
+            kwargs=CONNECTION_SETTINGS, name=f"motus-{self.instance_id}",
         )
         with self._lock:
             self._pulled = self._newest_seq()
@@ -487,7 +501,7 @@ class PostgresStore(Store):
         first = True
         while not self._closing.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self.dsn, autocommit=True, **CONNECTION_SETTINGS) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     if not first:
                         log.info("the store's listener is connected again")

@@ -186,3 +186,12 @@ def test_the_database_going_away_is_503_loses_nothing_and_the_instance_recovers(
         assert resume_ok(a, sid, item["interrupt_id"], {"approved": True})["status"] == "running"
         assert wait_idle(a, sid, timeout=20)["response"]["content"].startswith("approved=True")
         a.stop()
+
+
+def test_agents_do_not_see_the_database_url(start_server: Callable[..., Server], pg_url: str) -> None:
+    """Whoever can write to the database can answer interrupts: a URL given in MOTUS_STORE
+    (with its password) is kept from the agents' processes, as the API keys are."""
+    server = start_server("tests.agents:environment", "--workers", "1", env={"MOTUS_STORE": pg_url})
+    assert server.get("/health").json()["store"] == "postgresql"
+    sid = start_turn(server, "MOTUS_STORE")
+    assert wait_idle(server, sid)["response"]["content"] == "MOTUS_STORE=None"

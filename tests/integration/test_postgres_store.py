@@ -150,7 +150,9 @@ def test_the_listener_reports_changes_made_by_another_instance(stores: list[Post
             seen.append((session_id, version))
             arrived.notify_all()
 
-    b.listen(changed, lambda: None)
+    listening = threading.Event()
+    b.listen(changed, listening.set)  # called once LISTEN is in place
+    assert listening.wait(10)
     a.save(record(), events=[Event("s1", "status", {"status": "idle"}, at=0.0)])
     with arrived:
         assert arrived.wait_for(lambda: ("s1", 1) in seen, timeout=10), seen

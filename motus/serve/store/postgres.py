@@ -195,7 +195,8 @@ class PostgresStore(Store):
         self._closing.clear()
         self._pool = ConnectionPool(
             self.dsn, min_size=1, max_size=self.pool_size, timeout=POOL_TIMEOUT, open=True,
-            kwargs=CONNECTION_SETTINGS, name=f"motus-{self.instance_id}",
+            # autocommit: a lone read is one round trip; every write opens its transaction.
+            kwargs={**CONNECTION_SETTINGS, "autocommit": True}, name=f"motus-{self.instance_id}",
         )
         with self._lock:
             self._pulled = self._newest_seq()
@@ -296,44 +297,56 @@ class PostgresStore(Store):
         )
         grants = _dumps(record.grants) if record.grants else None
         new_version = record.version + 1
-        with self._conn() as conn, conn.transaction():
-            if record.version == 0:
-                cursor = conn.execute(
-                    f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (session_id) DO NOTHING",
-                    (record.session_id, record.status, _dumps(record.state or []), _dumps(record.response), record.error,
-                     record.turn_id, record.touched, turn_json, grants, new_version, record.owner),
-                )
-            elif record.state is None:
-                cursor = conn.execute(
-                    "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, turn = %s, "
-                    "grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s",
-                    (record.status, _dumps(record.response), record.error, record.turn_id, record.touched, turn_json, grants,
-                     new_version, record.owner, record.session_id, record.version),
-                )
-            else:
-                cursor = conn.execute(
-                    "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
-                    "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s",
-                    (record.status, _dumps(record.state), _dumps(record.response), record.error, record.turn_id,
-                     record.touched, turn_json, grants, new_version, record.owner, record.session_id, record.version),
-                )
-            if cursor.rowcount != 1:
-                raise StaleSession(record.session_id)
-            if turn is None:
-                conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (record.session_id,))
-            else:
-                conn.execute("DELETE FROM motus_journal WHERE session_id = %s AND turn_id <> %s", (record.session_id, turn.turn_id))
-                self._put_entries(conn, record.session_id, turn.turn_id, entries)
-            if audit:
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO motus_audit (session_id, kind, at, by, data) VALUES (%s, %s, %s, %s, %s)",
-                        [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
-                    )
-            last = self._put_events(conn, events)
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{record.session_id} {new_version}"))
+        if record.version == 0:
+            write = (
+                f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (session_id) DO NOTHING RETURNING 1",
+                (record.session_id, record.status, _dumps(record.state or []), _dumps(record.response), record.error,
+                 record.turn_id, record.touched, turn_json, grants, new_version, record.owner),
+            )
+        elif record.state is None:
+            write = (
+                "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
+                "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s RETURNING 1",
+                (record.status, _dumps(record.response), record.error, record.turn_id, record.touched, turn_json,
+                 grants, new_version, record.owner, record.session_id, record.version),
+            )
+        else:
+            write = (
+                "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, "
+                "touched = %s, turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s "
+                "RETURNING 1",
+                (record.status, _dumps(record.state), _dumps(record.response), record.error, record.turn_id,
+                 record.touched, turn_json, grants, new_version, record.owner, record.session_id, record.version),
+            )
+        with self._conn() as conn:
+            try:
+                # One round trip for the whole transaction (pipeline mode, COMMIT included).
+                # The version check must stop the commit without a round trip of its own, so
+                # a write that matched no row divides by zero, which aborts the transaction:
+                # everything after it, events and notice included, is rolled back.
+                with conn.pipeline(), conn.transaction():
+                    conn.execute(f"WITH written AS ({write[0]}) SELECT 1 / count(*) FROM written", write[1])
+                    if turn is None:
+                        conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (record.session_id,))
+                    else:
+                        # The previous turn's records went when it ended; any left by a turn
+                        # that could not be saved at its end are never loaded (the row's turn_id
+                        # differs) and go at this one's end.
+                        self._put_entries(conn, record.session_id, turn.turn_id, entries)
+                    if audit:
+                        with conn.cursor() as cur:
+                            cur.executemany(
+                                "INSERT INTO motus_audit (session_id, kind, at, by, data) VALUES (%s, %s, %s, %s, %s)",
+                                [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
+                            )
+                    numbered = self._put_events(conn, events)
+                    self._notify(conn, record.session_id, new_version)
+            except _division_by_zero():
+                raise StaleSession(record.session_id) from None
+            last = self._numbered(conn, events, numbered)
         record.version = new_version
+        self._remember(events)
         return last
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
@@ -366,25 +379,54 @@ class PostgresStore(Store):
                 ],
             )
 
-    def _put_events(self, conn: Any, events: Sequence[Event]) -> int:
+    @staticmethod
+    def _put_events(conn: Any, events: Sequence[Event]) -> Any:
         """Number ``events`` from the counter row (locked until commit: seqs in commit
-        order) and insert them; prune now and then."""
+        order) and insert them, in one statement; returns its cursor (read by ``_numbered``
+        once the pipeline has run), or None without events."""
         if not events:
+            return None
+        return conn.execute(
+            "WITH c AS (UPDATE motus_event_counter SET seq = seq + %(n)s WHERE id = 1 RETURNING seq) "
+            "INSERT INTO motus_events (seq, session_id, kind, data, at) "
+            "SELECT c.seq - %(n)s + e.ord, e.session_id, e.kind, e.data, e.at FROM c, "
+            "unnest(%(sessions)s::text[], %(kinds)s::text[], %(data)s::text[], %(at)s::float8[]) "
+            "WITH ORDINALITY AS e(session_id, kind, data, at, ord) RETURNING seq",
+            {"n": len(events), "sessions": [e.session_id for e in events], "kinds": [e.kind for e in events],
+             "data": [_dumps(e.data) for e in events], "at": [e.at for e in events]},
+        )
+
+    def _numbered(self, conn: Any, events: Sequence[Event], cursor: Any) -> int:
+        """Give ``events`` the seqs the database assigned; prune now and then. Returns the
+        newest seq (0 without events)."""
+        if cursor is None:
             return 0
-        last = conn.execute(
-            "UPDATE motus_event_counter SET seq = seq + %s WHERE id = 1 RETURNING seq", (len(events),)
-        ).fetchone()[0]
-        first = last - len(events) + 1
-        for offset, event in enumerate(events):
-            event.seq = first + offset
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO motus_events (seq, session_id, kind, data, at) VALUES (%s, %s, %s, %s, %s)",
-                [(e.seq, e.session_id, e.kind, _dumps(e.data), e.at) for e in events],
-            )
+        seqs = sorted(row[0] for row in cursor.fetchall())
+        for event, seq in zip(events, seqs):
+            event.seq = seq
+        first, last = seqs[0], seqs[-1]
         if first // _PRUNE_EVERY != (last + 1) // _PRUNE_EVERY:
             conn.execute("DELETE FROM motus_events WHERE seq <= %s", (last - self.events_kept,))
         return last
+
+    @staticmethod
+    def _notify(conn: Any, session_id: str, version: int) -> None:
+        """``NOTIFY motus, 'session_id version newest-event-seq'`` (sent at commit); the seq
+        lets a listener skip pulling events it has already (its own instance's)."""
+        conn.execute(
+            "SELECT pg_notify(%s, %s || ' ' || (SELECT seq FROM motus_event_counter WHERE id = 1))",
+            (CHANNEL, f"{session_id} {version}"),
+        )
+
+    def _remember(self, events: Sequence[Event]) -> None:
+        """Committed events of this instance go straight to memory when they are the next
+        ones (no other instance's events in between); otherwise the listener pulls them."""
+        if not events:
+            return
+        with self._lock:
+            if events[0].seq == self._pulled + 1:
+                self._recent.extend(events)
+                self._pulled = events[-1].seq
 
     def delete(self, session_id: str, events: Sequence[Event] = (), version: int | None = None) -> int:
         with self._conn() as conn, conn.transaction():
@@ -396,8 +438,9 @@ class PostgresStore(Store):
                 raise StaleSession(session_id)
             conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (session_id,))
             conn.execute("DELETE FROM motus_audit WHERE session_id = %s", (session_id,))
-            last = self._put_events(conn, events)
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{session_id} 0"))
+            last = self._numbered(conn, events, self._put_events(conn, events))
+            self._notify(conn, session_id, 0)
+        self._remember(events)
         return last
 
     # -- events and audit --------------------------------------------------------------
@@ -483,7 +526,7 @@ class PostgresStore(Store):
                     (self.instance_id, claimed),
                 )
                 for session_id in claimed:
-                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{session_id} -1"))
+                    self._notify(conn, session_id, -1)
             conn.execute("DELETE FROM motus_leases WHERE expires < now() - interval '1 hour'")
         return claimed
 
@@ -510,15 +553,17 @@ class PostgresStore(Store):
                     first = False
                     while not self._closing.is_set():
                         changed: dict[str, int] = {}
+                        newest = 0
                         for note in conn.notifies(timeout=0.5, stop_after=1):
-                            session_id, _, version = note.payload.partition(" ")
-                            changed[session_id] = int(version or 0)
+                            newest = max(newest, _note(note.payload, changed))
                         if not changed:
                             continue
                         for note in conn.notifies(timeout=0, stop_after=500):  # the rest of a burst
-                            session_id, _, version = note.payload.partition(" ")
-                            changed[session_id] = int(version or 0)
-                        self.pull_events()
+                            newest = max(newest, _note(note.payload, changed))
+                        with self._lock:
+                            behind = newest > self._pulled
+                        if behind:
+                            self.pull_events()
                         for session_id, version in changed.items():
                             try:
                                 on_change(session_id, version)
@@ -529,6 +574,19 @@ class PostgresStore(Store):
                     return
                 log.warning("the store's listener lost its connection (%s); trying again", _one_line(exc))
                 self._closing.wait(RECONNECT_SECONDS)
+
+
+def _division_by_zero() -> type[BaseException]:
+    from psycopg import errors
+
+    return errors.DivisionByZero
+
+
+def _note(payload: str, changed: dict[str, int]) -> int:
+    """Read ``'session_id version seq'`` into ``changed``; returns the seq."""
+    session_id, version, seq = (payload.split(" ") + ["0", "0"])[:3]
+    changed[session_id] = int(version or 0)
+    return int(seq or 0)
 
 
 def _entry(row: Sequence[Any]) -> JournalEntry:

@@ -899,7 +899,7 @@ class Turns:
             if last:
                 turn.move(TurnState.QUEUED)  # replayed from its journal in a fresh process
                 after.queued.append(turn)
-        elif turn.state is not TurnState.ELSEWHERE:
+        elif turn.state not in (TurnState.ELSEWHERE, TurnState.QUEUED):  # QUEUED: just taken over, replay reads the journal
             raise InvalidTransition(f"session {session.session_id} is interrupted but its turn is {turn.state.value}")
         after.publish.append(session.session_id)
 

@@ -196,7 +196,7 @@ class PostgresStore(Store):
         self._pool = ConnectionPool(
             self.dsn, min_size=1, max_size=self.pool_size, timeout=POOL_TIMEOUT, open=True,
             # autocommit: a lone read is one round trip; every write opens its transaction.
-            kwargs={**CONNECTION_SETTINGS, "autocommit": True}, name=f"motus-{self.instance_id}",
+            kwargs={**self._settings(), "autocommit": True}, name=f"motus-{self.instance_id}",
         )
         with self._lock:
             self._pulled = self._newest_seq()
@@ -238,6 +238,10 @@ class PostgresStore(Store):
         if self._listener is not None and self._listener is not threading.current_thread():
             self._listener.join(timeout=5)
             self._listener = None
+
+    def _settings(self) -> dict[str, Any]:
+        """Connection settings, named after this instance (see ``_GONE``)."""
+        return {**CONNECTION_SETTINGS, "application_name": f"motus-{self.instance_id}"}
 
     def _conn(self) -> Any:
         if self._pool is None:
@@ -506,18 +510,41 @@ class PostgresStore(Store):
                 (self.instance_id, self.lease_seconds),
             )
 
+    #: An instance is gone when its lease lapsed, or sooner when it has no connection to the
+    #: database left (each connection carries ``application_name = motus-<instance id>``;
+    #: PostgreSQL drops those of a process that died at once) and it missed a renewal (so a
+    #: database restart, which drops everyone's connections for a moment, takes nothing over).
+    _GONE = (
+        "(NOT EXISTS (SELECT 1 FROM motus_leases l WHERE l.instance_id = {owner} AND l.expires > now()) "
+        "OR (NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = 'motus-' || {owner}) "
+        "AND NOT EXISTS (SELECT 1 FROM motus_leases l WHERE l.instance_id = {owner} "
+        "AND l.expires > now() + make_interval(secs => %(renewed_within)s))))"
+    )
+
+    def _renewed_within(self) -> float:
+        """``expires - now()`` of a lease renewed within a third of a lease and a second."""
+        return self.lease_seconds - (self.lease_seconds / 3 + 1.0)
+
     def owner_alive(self, owner: str) -> bool:
+        """For a resume: a live lease and a connection. Without the renewal clause of
+        ``_GONE``, a resume reaching one instance just after another died takes the turn
+        over at once (at worst, right after a database restart, it takes a turn from an
+        instance that has not reconnected yet: that one stops its worker, this one replays)."""
         with self._conn() as conn:
-            row = conn.execute("SELECT expires > now() FROM motus_leases WHERE instance_id = %s", (owner,)).fetchone()
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM motus_leases WHERE instance_id = %(owner)s AND expires > now()) "
+                "AND EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'motus-' || %(owner)s)",
+                {"owner": owner},
+            ).fetchone()
         return bool(row and row[0])
 
     def claim_orphans(self, limit: int = 100) -> list[str]:
         with self._conn() as conn, conn.transaction():
             rows = conn.execute(
-                "SELECT session_id FROM motus_sessions s WHERE s.turn IS NOT NULL AND (s.owner IS NULL OR (s.owner <> %s "
-                "AND NOT EXISTS (SELECT 1 FROM motus_leases l WHERE l.instance_id = s.owner AND l.expires > now()))) "
-                "ORDER BY touched LIMIT %s FOR UPDATE SKIP LOCKED",
-                (self.instance_id, limit),
+                "SELECT session_id FROM motus_sessions s WHERE s.turn IS NOT NULL AND (s.owner IS NULL OR "
+                "(s.owner <> %(me)s AND " + self._GONE.format(owner="s.owner") + ")) "
+                "ORDER BY touched LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+                {"me": self.instance_id, "limit": limit, "renewed_within": self._renewed_within()},
             ).fetchall()
             claimed = [row[0] for row in rows]
             if claimed:
@@ -544,7 +571,7 @@ class PostgresStore(Store):
         first = True
         while not self._closing.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True, **CONNECTION_SETTINGS) as conn:
+                with psycopg.connect(self.dsn, autocommit=True, **self._settings()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     if not first:
                         log.info("the store's listener is connected again")

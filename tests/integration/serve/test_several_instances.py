@@ -195,3 +195,21 @@ def test_agents_do_not_see_the_database_url(start_server: Callable[..., Server],
     assert server.get("/health").json()["store"] == "postgresql"
     sid = start_turn(server, "MOTUS_STORE")
     assert wait_idle(server, sid)["response"]["content"] == "MOTUS_STORE=None"
+
+
+def test_a_resume_for_a_turn_whose_instance_died_replays_it_where_it_landed_without_waiting_for_the_lease(
+    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+) -> None:
+    """With a lease of 120 s, only noticing that the dead instance has no connection to the
+    database left can let the turn finish within the wait below: the resume takes it over."""
+    fake = fake_provider
+    sandbox = tmp_path / "sandbox"
+    fake.script(openai_tool_calls(("call_1", "touch", {"path": "now.txt"})), openai_text("Done at once."))
+    a, b = (start_server(FILES, "--workers", "1", "--store", pg_url, "--lease-seconds", "120", env=agent_env(sandbox, fake))
+            for _ in range(2))
+    sid = start_turn(a, "touch now")
+    [item] = interrupted(a, sid)["interrupts"]
+    kill_server(a)
+    assert resume_ok(b, sid, item["interrupt_id"], {"approved": True})["status"] == "running"
+    assert wait_idle(b, sid, timeout=20)["response"]["content"] == "Done at once."
+    assert len(lines(sandbox / "ran-now.txt")) == 1

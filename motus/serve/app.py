@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from motus.models import ChatMessage
-from motus.serve.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_depth_exceeds
+from motus.serve.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_depth_exceeds, key_with_lone_surrogate
 from motus.serve.origin import check_request
 
 from motus.serve.schemas import (
@@ -165,6 +165,12 @@ def _json_object(allow_empty: bool = False) -> dict[str, Any]:
         raise Unprocessable(f"Request body must be a JSON object, got {type(data).__name__}")
     if json_depth_exceeds(data):
         raise BadRequest(f"Request body nested too deeply: the limit is {MAX_JSON_DEPTH} levels")
+    key = key_with_lone_surrogate(data)
+    if key is not None:
+        raise Unprocessable(
+            f"Invalid request body: the object key {json.dumps(key)} holds a lone surrogate (half of a UTF-16 pair), "
+            "which cannot be stored as text; send the whole character"
+        )
     return data
 
 

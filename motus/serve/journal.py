@@ -39,6 +39,7 @@ import contextvars
 import hashlib
 import inspect
 import json
+import re
 import logging
 import pickle
 import threading
@@ -94,7 +95,14 @@ def digest(value: Any) -> str:
 
 
 def canonical_payload(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, sort_keys=True, ensure_ascii=False)
+    """The payload as the key of its interrupt: sorted JSON, readable text kept as it is. A
+    lone surrogate (half an emoji, which a client can send as ``\\ud800``) is written as its
+    JSON escape, so the key is valid UTF-8 that every store can hold; any other text gives
+    the same key as before, so journals written earlier still match on replay."""
+    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(payload, sort_keys=True, ensure_ascii=False))
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Raised:

@@ -14,6 +14,7 @@ every limit costs at most about 20 times its size at peak (plus a few MiB for a 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MAX_JSON_DEPTH = 64
@@ -47,6 +48,28 @@ def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
         # Only containers are pushed: a list of a million numbers costs no extra memory here.
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
     return False
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def key_with_lone_surrogate(value: Any) -> str | None:
+    """The first object key in ``value`` holding a lone surrogate (half of a UTF-16 pair,
+    which JSON can spell as ``\\ud800``), or None. Such a key cannot be written as text:
+    a message's history is dumped as JSON by its worker, which would replace or refuse it
+    (values are kept, escaped). Checked at the door, so no turn fails for it later."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                    return key
+                if isinstance(child, (dict, list)):
+                    stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(child for child in item if isinstance(child, (dict, list)))
+    return None
 
 
 def containers_upper_bound(raw: bytes) -> int:

@@ -373,6 +373,10 @@ class Turns:
         self._draining_done = False  # the shutdown grace is over: no slot is handed out
         self._housekeeper: threading.Thread | None = None
         self.metrics: Hooks = NO_METRICS  # the server's metrics (see metrics.py)
+        # Shared stores, housekeeping thread: whether the last lease renewal failed, and
+        # until when (monotonic) no other instance's turn is taken over.
+        self._lease_lost = False
+        self._claim_after = 0.0
 
     # -- start and stop ------------------------------------------------------------------
 
@@ -548,7 +552,7 @@ class Turns:
     def _session(self, session_id: str) -> Session:
         with self._registry:
             session = self._sessions.get(session_id)
-        if session is None and self.store.shared:
+        if session is None and self.store.shared and "\x00" not in session_id:  # (no text column holds a NUL)
             session = self._load_shared(session_id)  # created on another instance
         if session is None:
             raise SessionNotFound(session_id)
@@ -765,7 +769,8 @@ class Turns:
         if not self.ttl:
             return []
         cutoff = (self._clock() if now is None else now) - self.ttl
-        removed = []
+        removed: list[str] = []
+        changed: list[Session] = []
         for session in self._all():
             with session.lock:
                 if session.deleted or session.status not in (SessionStatus.IDLE, SessionStatus.ERROR) or session.touched > cutoff:
@@ -774,7 +779,8 @@ class Turns:
                     gone = [session.event("status", self._clock(), status="deleted", reason="ttl")]
                     self._delete_row(session, gone)
                 except StaleSession:
-                    session.stale = True  # changed elsewhere meanwhile: looked at again next sweep
+                    session.stale = True  # changed (or removed) elsewhere meanwhile: read again below
+                    changed.append(session)
                     continue
                 except ServerUnavailable:
                     log.warning("TTL sweep could not delete session %s from the store", session.session_id)
@@ -784,6 +790,15 @@ class Turns:
                     self._sessions.pop(session.session_id, None)
                 removed.append(session.session_id)
             self.events.publish(session.session_id)
+        for session in changed:  # a session another instance swept (or wrote) first is forgotten or kept
+            after = _After()
+            try:
+                with session.lock:
+                    self._fresh_locked(session, after)
+            except ServerUnavailable as exc:
+                log.warning("TTL sweep: session %s is read again when next used: %s", session.session_id, exc.detail)
+            finally:
+                self._finish_read(after)
         return removed
 
     # -- turns (request threads) ---------------------------------------------------------
@@ -836,6 +851,16 @@ class Turns:
             if entry is None or turn is None:
                 raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
             take = turn.state is TurnState.ELSEWHERE and not self._owner_alive(session.owner)
+            if take:
+                # Journal records do not change the row's version: the copy here may lack
+                # some the gone instance wrote (a step, a started tool). Replay from the store's.
+                self._refresh_locked(session, after, force=True)
+                turn = session.turn
+                pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
+                entry = next((e for e in pending if e.ref == interrupt_id), None)
+                if entry is None or turn is None:
+                    raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
+                take = turn.state is TurnState.ELSEWHERE
             return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
 
         return self._attempt(session_id, resume)
@@ -1124,6 +1149,8 @@ class Turns:
     def _owner_alive(self, owner: str | None) -> bool:
         if not self.store.shared or owner is None or owner == self.instance:
             return owner is not None or not self.store.shared
+        if time.monotonic() < self._claim_after:
+            return True  # just after an outage, nobody is taken for gone (see _claim_orphans)
         try:
             return self.store.owner_alive(owner)
         except Exception as exc:
@@ -1144,7 +1171,7 @@ class Turns:
         if session.stale:
             self._refresh_locked(session, after)
 
-    def _refresh_locked(self, session: Session, after: _After) -> None:
+    def _refresh_locked(self, session: Session, after: _After, force: bool = False) -> None:
         """Bring the working copy up to the stored row another instance wrote.
 
         - The row is gone: the session was deleted; a worker of it here is stopped.
@@ -1169,7 +1196,7 @@ class Turns:
             after.publish.append(session.session_id)
             return
         ours = record.owner == self.instance
-        if record.version == session.version and not (ours and live and turn.state is TurnState.ELSEWHERE):  # type: ignore[union-attr]
+        if record.version == session.version and not force and not (ours and live and turn.state is TurnState.ELSEWHERE):  # type: ignore[union-attr]
             return
         fresh = self._session_from(record)
         keep = live and ours and fresh.turn is not None and turn.turn_id == fresh.turn.turn_id and turn.state is not TurnState.ELSEWHERE  # type: ignore[union-attr]
@@ -1213,10 +1240,11 @@ class Turns:
         if session is None:
             if version > 0:
                 session = self._load_shared(session_id)  # new here: the inbox and lists show it
-        elif version <= 0 or version > session.version:
+        elif version != session.version:
             session.stale = True
             turn = session.turn
-            if session.owner == self.instance or (turn is not None and turn.state not in (TurnState.ENDED, TurnState.ELSEWHERE)):
+            deleted = version == 0  # forgotten here at once: its id may be created again, it counts no more
+            if deleted or session.owner == self.instance or (turn is not None and turn.state not in (TurnState.ENDED, TurnState.ELSEWHERE)):
                 after = _After()
                 try:
                     with session.lock:
@@ -1239,9 +1267,22 @@ class Turns:
         exactly one instance; the new owner replays it, or keeps it parked."""
         try:
             self.store.renew_lease()
+        except Exception as exc:
+            self._lease_lost = True
+            log.warning("could not renew this instance's lease: %s", exc)
+            return
+        if self._lease_lost:
+            # After an outage every lease may have lapsed, the live instances' too: take
+            # nothing over until each has had a full lease to renew its own.
+            self._lease_lost = False
+            self._claim_after = time.monotonic() + getattr(self.store, "lease_seconds", 15.0)
+            log.info("the lease is renewed again; no turn is taken over for one lease period")
+        if time.monotonic() < self._claim_after:
+            return
+        try:
             claimed = self.store.claim_orphans()
         except Exception as exc:
-            log.warning("could not renew this instance's lease or take over turns: %s", exc)
+            log.warning("could not take over the turns of gone instances: %s", exc)
             return
         for session_id in claimed:
             log.info("taking over the turn of session %s from an instance whose lease lapsed", session_id)

@@ -56,6 +56,8 @@ from motus.serve.store.base import (
 log = logging.getLogger(__name__)
 
 CHANNEL = "motus"
+#: Versions a session row may use before the next row of the same id starts (2**32 writes).
+_INCARNATION = 2**32
 #: Events are pruned (down to ``EVENTS_KEPT``) once every this many.
 _PRUNE_EVERY = 1000
 #: How long a request waits for a connection of the pool before it is a 503.
@@ -120,6 +122,7 @@ CREATE TABLE IF NOT EXISTS motus_events (
     at DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX IF NOT EXISTS motus_events_by_session ON motus_events (session_id, seq);
+CREATE SEQUENCE IF NOT EXISTS motus_incarnations;
 CREATE TABLE IF NOT EXISTS motus_event_counter (id INT PRIMARY KEY, seq BIGINT NOT NULL);
 INSERT INTO motus_event_counter (id, seq) VALUES (1, 0) ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS motus_audit (
@@ -303,15 +306,17 @@ class PostgresStore(Store):
         new_version = record.version + 1
         if record.version == 0:
             write = (
-                f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (session_id) DO NOTHING RETURNING 1",
+                # A new row's versions start past any an earlier session of the same id used
+                # (deleted, then created again): a copy of that one never looks current.
+                f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
                 (record.session_id, record.status, _dumps(record.state or []), _dumps(record.response), record.error,
-                 record.turn_id, record.touched, turn_json, grants, new_version, record.owner),
+                 record.turn_id, record.touched, turn_json, grants, record.owner),
             )
         elif record.state is None:
             write = (
                 "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
-                "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s RETURNING 1",
+                "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s RETURNING version",
                 (record.status, _dumps(record.response), record.error, record.turn_id, record.touched, turn_json,
                  grants, new_version, record.owner, record.session_id, record.version),
             )
@@ -319,7 +324,7 @@ class PostgresStore(Store):
             write = (
                 "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, "
                 "touched = %s, turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s "
-                "RETURNING 1",
+                "RETURNING version",
                 (record.status, _dumps(record.state), _dumps(record.response), record.error, record.turn_id,
                  record.touched, turn_json, grants, new_version, record.owner, record.session_id, record.version),
             )
@@ -330,7 +335,7 @@ class PostgresStore(Store):
                 # a write that matched no row divides by zero, which aborts the transaction:
                 # everything after it, events and notice included, is rolled back.
                 with conn.pipeline(), conn.transaction():
-                    conn.execute(f"WITH written AS ({write[0]}) SELECT 1 / count(*) FROM written", write[1])
+                    written = conn.execute(f"WITH written AS ({write[0]}) SELECT 1 / count(*), max(version) FROM written", write[1])
                     if turn is None:
                         conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (record.session_id,))
                     else:
@@ -345,9 +350,10 @@ class PostgresStore(Store):
                                 [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
                             )
                     numbered = self._put_events(conn, events)
-                    self._notify(conn, record.session_id, new_version)
+                    self._notify(conn, record.session_id)
             except _division_by_zero():
                 raise StaleSession(record.session_id) from None
+            new_version = int(written.fetchone()[1])
             last = self._numbered(conn, events, numbered)
         record.version = new_version
         self._remember(events)
@@ -414,12 +420,15 @@ class PostgresStore(Store):
         return last
 
     @staticmethod
-    def _notify(conn: Any, session_id: str, version: int) -> None:
-        """``NOTIFY motus, 'session_id version newest-event-seq'`` (sent at commit); the seq
-        lets a listener skip pulling events it has already (its own instance's)."""
+    def _notify(conn: Any, session_id: str, version: int | None = None) -> None:
+        """``NOTIFY motus, 'session_id version newest-event-seq'`` (sent at commit); the
+        version is the row's as written (``version`` None), 0 for a delete, -1 for "changed";
+        the seq lets a listener skip pulling events it has already (its own instance's)."""
         conn.execute(
-            "SELECT pg_notify(%s, %s || ' ' || (SELECT seq FROM motus_event_counter WHERE id = 1))",
-            (CHANNEL, f"{session_id} {version}"),
+            "SELECT pg_notify(%(channel)s, %(session)s || ' ' || "
+            "coalesce(%(version)s::bigint, (SELECT version FROM motus_sessions WHERE session_id = %(session)s), 0) || ' ' || "
+            "(SELECT seq FROM motus_event_counter WHERE id = 1))",
+            {"channel": CHANNEL, "session": session_id, "version": version},
         )
 
     def _remember(self, events: Sequence[Event]) -> None:
@@ -468,6 +477,10 @@ class PostgresStore(Store):
 
     def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
         with self._lock:
+            behind = after > self._pulled
+        if behind:  # a client that saw newer events on another instance: catch up first
+            self.pull_events()
+        with self._lock:
             if self._recent.covers(after) or after >= self._pulled:
                 return self._recent.after(after, session_id, limit)  # up to what the listener pulled
         with self._conn() as conn:
@@ -485,6 +498,7 @@ class PostgresStore(Store):
         return [_event(row) for row in rows]
 
     def event_bounds(self) -> tuple[int, int]:
+        self.pull_events()  # "newest" is the database's, not how far this instance's listener got
         with self._conn() as conn:
             low = conn.execute("SELECT min(seq) FROM motus_events").fetchone()[0]
         with self._lock:

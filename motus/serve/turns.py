@@ -1231,12 +1231,14 @@ class Turns:
                 self._adopt_locked(session, fresh.turn, after)
         after.publish.append(session.session_id)
 
-    def _changed_elsewhere(self, session_id: str, version: int) -> None:
+    def _changed_elsewhere(self, session_id: str, version: int, new_events: bool = True) -> None:
         """The store's listener: a change was committed (by any instance). A session whose
         live turn runs here is read again at once (its worker may be owed an answer, or may
         have to stop); any other is marked to be read again when next used. Then the
         session's waiters are woken (its long polls, streams and the inbox)."""
         session = self._lookup(session_id)
+        if session is not None and version == session.version and not new_events:
+            return  # this instance's own change, already published when it was committed
         if session is None:
             if version > 0:
                 session = self._load_shared(session_id)  # new here: the inbox and lists show it

@@ -152,7 +152,7 @@ def test_the_listener_reports_changes_made_by_another_instance(stores: list[Post
     seen: list[tuple[str, int]] = []
     arrived = threading.Condition()
 
-    def changed(session_id: str, version: int) -> None:
+    def changed(session_id: str, version: int, new_events: bool) -> None:
         with arrived:
             seen.append((session_id, version))
             arrived.notify_all()

@@ -220,8 +220,9 @@ class Store(ABC):
         raise NotImplementedError
 
     def listen(self, on_change: Any, on_reconnect: Any) -> None:
-        """Start calling ``on_change(session_id, version)`` for every change committed by any
-        instance, and ``on_reconnect()`` after changes may have been missed."""
+        """Start calling ``on_change(session_id, version, new_events)`` for every change
+        committed by any instance (``new_events``: events of it arrived here only now), and
+        ``on_reconnect()`` after changes may have been missed."""
 
     def renew_lease(self) -> None:
         """Tell the other instances this one is alive for another lease period."""

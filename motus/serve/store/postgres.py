@@ -462,7 +462,8 @@ class PostgresStore(Store):
         with self._conn() as conn:
             return int(conn.execute("SELECT seq FROM motus_event_counter WHERE id = 1").fetchone()[0])
 
-    def pull_events(self) -> None:
+    def pull_events(self) -> set[str]:
+        """Fetch the events committed since the newest one here; returns their sessions."""
         with self._lock:
             after = self._pulled
         with self._conn() as conn:
@@ -474,6 +475,7 @@ class PostgresStore(Store):
             if fresh:
                 self._recent.extend(fresh)
                 self._pulled = fresh[-1].seq
+        return {event.session_id for event in fresh}
 
     def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
         with self._lock:
@@ -571,13 +573,13 @@ class PostgresStore(Store):
             conn.execute("DELETE FROM motus_leases WHERE expires < now() - interval '1 hour'")
         return claimed
 
-    def listen(self, on_change: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
+    def listen(self, on_change: Callable[[str, int, bool], None], on_reconnect: Callable[[], None]) -> None:
         self._listener = threading.Thread(
             target=self._listen, args=(on_change, on_reconnect), name="motus-pg-listener", daemon=True
         )
         self._listener.start()
 
-    def _listen(self, on_change: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
+    def _listen(self, on_change: Callable[[str, int, bool], None], on_reconnect: Callable[[], None]) -> None:
         """One connection, ``LISTEN motus``: pull the new events, then tell the server which
         sessions changed. After a lost connection, everything is assumed changed."""
         import psycopg
@@ -603,11 +605,10 @@ class PostgresStore(Store):
                             newest = max(newest, _note(note.payload, changed))
                         with self._lock:
                             behind = newest > self._pulled
-                        if behind:
-                            self.pull_events()
+                        pulled = self.pull_events() if behind else set()
                         for session_id, version in changed.items():
                             try:
-                                on_change(session_id, version)
+                                on_change(session_id, version, session_id in pulled)
                             except Exception:
                                 log.exception("handling a change of session %s failed", session_id)
             except Exception as exc:

@@ -19,7 +19,7 @@ on an error or Ctrl-C.
    agent with a fixed payload, whose reply is the ``time.time()`` at which the resumed value
    reached it), ``--workers 2 --park-after 0``. The benchmark also holds a connection of its
    own with ``LISTEN motus``, and stamps ``time.time()`` on each notice as it arrives: every
-   commit of a session change sends one (``'session_id version'``) in its transaction, so
+   commit of a session change sends one (``'session_id version event-seq'``) in its transaction, so
    the notice's arrival is the commit as any listener (B's included) first learns of it.
 
    A sample: a session is created on A and sent a message; a long poll on A waits until it
@@ -226,7 +226,7 @@ class Notices(threading.Thread):
             while not self.halt.is_set():
                 for note in self.conn.notifies(timeout=0.2):
                     at = time.time()
-                    session_id, _, version = note.payload.partition(" ")
+                    session_id, version = (note.payload.split(" ") + ["0"])[:2]  # 'session_id version event-seq'
                     with self.lock:
                         self.seen.setdefault((session_id, int(version or 0)), at)
         except BaseException as exc:  # noqa: BLE001 - reported by at()

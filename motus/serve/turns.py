@@ -537,12 +537,7 @@ class Turns:
         sessions = self._all()
         for session in sessions:
             if session.stale:
-                after = _After()
-                try:
-                    with session.lock:
-                        self._fresh_locked(session, after)
-                finally:
-                    self._finish_read(after)
+                self._refresh_now(session, publish=False)
         return [session for session in sessions if not session.deleted]
 
     def _lookup(self, session_id: str) -> Session | None:
@@ -791,14 +786,10 @@ class Turns:
                 removed.append(session.session_id)
             self.events.publish(session.session_id)
         for session in changed:  # a session another instance swept (or wrote) first is forgotten or kept
-            after = _After()
             try:
-                with session.lock:
-                    self._fresh_locked(session, after)
+                self._refresh_now(session, publish=False)
             except ServerUnavailable as exc:
                 log.warning("TTL sweep: session %s is read again when next used: %s", session.session_id, exc.detail)
-            finally:
-                self._finish_read(after)
         return removed
 
     # -- turns (request threads) ---------------------------------------------------------
@@ -1156,6 +1147,20 @@ class Turns:
         except Exception as exc:
             raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
 
+    def _refresh_now(self, session: Session, publish: bool) -> None:
+        """Read a stale session again under its lock, then do what that decided, with its
+        waiters woken only if ``publish`` (not from a read, which may run inside a long
+        poll's check). ``ServerUnavailable`` when the store cannot be read: it stays stale."""
+        after = _After()
+        try:
+            with session.lock:
+                self._fresh_locked(session, after)
+        finally:
+            if publish:
+                self._finish(after)
+            else:
+                self._finish_read(after)
+
     def _fresh_locked(self, session: Session, after: _After, verify: bool = False) -> None:
         """Read the session again if another instance changed it. ``verify`` asks the
         store for the row's version rather than trusting the listener (a request must see
@@ -1247,12 +1252,7 @@ class Turns:
             turn = session.turn
             deleted = version == 0  # forgotten here at once: its id may be created again, it counts no more
             if deleted or session.owner == self.instance or (turn is not None and turn.state not in (TurnState.ENDED, TurnState.ELSEWHERE)):
-                after = _After()
-                try:
-                    with session.lock:
-                        self._fresh_locked(session, after)
-                finally:
-                    self._finish(after)
+                self._refresh_now(session, publish=True)
         self.events.publish(session_id)
 
     def _reconnected(self) -> None:
@@ -1292,14 +1292,10 @@ class Turns:
             if session is None:
                 continue
             session.stale = True
-            after = _After()
             try:
-                with session.lock:
-                    self._fresh_locked(session, after)
+                self._refresh_now(session, publish=True)
             except ServerUnavailable as exc:
                 log.warning("session %s: %s", session_id, exc.detail)
-            finally:
-                self._finish(after)
 
     # -- slots ---------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ own writes and must be safe to call from any thread.
 from __future__ import annotations
 
 import bisect
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,34 @@ class TurnRecord:
     #: The session's grants when the turn started: a replay must see the same ones.
     grants: tuple[str, ...] = ()
     started_at: float | None = None  # wall clock
+
+
+def dump_json(value: Any) -> str | None:
+    """A stored JSON column. ASCII escapes: what a client sent is kept as written (a lone
+    surrogate, a NUL), which SQLite's UTF-8 and PostgreSQL's text would refuse raw."""
+    return None if value is None else json.dumps(value)
+
+
+def load_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def turn_json(turn: TurnRecord | None) -> str | None:
+    """A live turn's column (its journal is rows of its own); None without one."""
+    if turn is None:
+        return None
+    return dump_json({"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline,
+                      "grants": list(turn.grants), "started_at": turn.started_at})
+
+
+def turn_from_json(turn_id: int, text: str | None, journal: list[JournalEntry]) -> TurnRecord | None:
+    live = load_json(text)
+    if live is None:
+        return None
+    return TurnRecord(
+        turn_id=turn_id, message=live["message"], webhook=live.get("webhook"), deadline=live.get("deadline"),
+        journal=journal, grants=tuple(live.get("grants") or ()), started_at=live.get("started_at"),
+    )
 
 
 @dataclass

@@ -30,7 +30,6 @@ are guarded by ``_lock``.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -50,7 +49,10 @@ from motus.serve.store.base import (
     StaleSession,
     Store,
     StoreError,
-    TurnRecord,
+    dump_json,
+    load_json,
+    turn_from_json,
+    turn_json,
 )
 
 log = logging.getLogger(__name__)
@@ -145,16 +147,6 @@ _SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched
 _JOURNAL_COLUMNS = (
     "seq, kind, key, label, done, value, ref, payload, answered_at, answered_by, parent, created_at, expires_at, default_value"
 )
-
-
-def _dumps(value: Any) -> str | None:
-    # ASCII escapes: what a client sent is kept as written (a lone surrogate, a NUL, which
-    # PostgreSQL's text would refuse), exactly as in the SQLite store.
-    return None if value is None else json.dumps(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
 
 
 def where(url: str) -> str:
@@ -298,11 +290,8 @@ class PostgresStore(Store):
         audit: Sequence[AuditRecord] = (),
     ) -> int:
         turn = record.turn
-        turn_json = None if turn is None else _dumps(
-            {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline, "grants": list(turn.grants),
-             "started_at": turn.started_at}
-        )
-        grants = _dumps(record.grants) if record.grants else None
+        turn_text = turn_json(turn)
+        grants = dump_json(record.grants) if record.grants else None
         new_version = record.version + 1
         if record.version == 0:
             write = (
@@ -310,14 +299,14 @@ class PostgresStore(Store):
                 # (deleted, then created again): a copy of that one never looks current.
                 f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
                 f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
-                (record.session_id, record.status, _dumps(record.state or []), _dumps(record.response), record.error,
-                 record.turn_id, record.touched, turn_json, grants, record.owner),
+                (record.session_id, record.status, dump_json(record.state or []), dump_json(record.response), record.error,
+                 record.turn_id, record.touched, turn_text, grants, record.owner),
             )
         elif record.state is None:
             write = (
                 "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
                 "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s RETURNING version",
-                (record.status, _dumps(record.response), record.error, record.turn_id, record.touched, turn_json,
+                (record.status, dump_json(record.response), record.error, record.turn_id, record.touched, turn_text,
                  grants, new_version, record.owner, record.session_id, record.version),
             )
         else:
@@ -325,8 +314,8 @@ class PostgresStore(Store):
                 "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, "
                 "touched = %s, turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s "
                 "RETURNING version",
-                (record.status, _dumps(record.state), _dumps(record.response), record.error, record.turn_id,
-                 record.touched, turn_json, grants, new_version, record.owner, record.session_id, record.version),
+                (record.status, dump_json(record.state), dump_json(record.response), record.error, record.turn_id,
+                 record.touched, turn_text, grants, new_version, record.owner, record.session_id, record.version),
             )
         with self._conn() as conn:
             try:
@@ -347,7 +336,7 @@ class PostgresStore(Store):
                         with conn.cursor() as cur:
                             cur.executemany(
                                 "INSERT INTO motus_audit (session_id, kind, at, by, data) VALUES (%s, %s, %s, %s, %s)",
-                                [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
+                                [(a.session_id, a.kind, a.at, a.by, dump_json(a.data)) for a in audit],
                             )
                     numbered = self._put_events(conn, events)
                     self._notify(conn, record.session_id)
@@ -383,7 +372,7 @@ class PostgresStore(Store):
                 "parent = EXCLUDED.parent, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, "
                 "default_value = EXCLUDED.default_value",
                 [
-                    (session_id, turn_id, e.seq, e.kind, e.key, e.label, bool(e.done), e.value, e.ref, _dumps(e.payload),
+                    (session_id, turn_id, e.seq, e.kind, e.key, e.label, bool(e.done), e.value, e.ref, dump_json(e.payload),
                      e.answered_at, e.answered_by, e.parent, e.created_at, e.expires_at, e.default)
                     for e in entries
                 ],
@@ -403,7 +392,7 @@ class PostgresStore(Store):
             "unnest(%(sessions)s::text[], %(kinds)s::text[], %(data)s::text[], %(at)s::float8[]) "
             "WITH ORDINALITY AS e(session_id, kind, data, at, ord) RETURNING seq",
             {"n": len(events), "sessions": [e.session_id for e in events], "kinds": [e.kind for e in events],
-             "data": [_dumps(e.data) for e in events], "at": [e.at for e in events]},
+             "data": [dump_json(e.data) for e in events], "at": [e.at for e in events]},
         )
 
     def _numbered(self, conn: Any, events: Sequence[Event], cursor: Any) -> int:
@@ -514,7 +503,7 @@ class PostgresStore(Store):
             rows = conn.execute(
                 "SELECT kind, at, by, data FROM motus_audit WHERE session_id = %s ORDER BY id", (session_id,)
             ).fetchall()
-        return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=_loads(row[3])) for row in rows]
+        return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=load_json(row[3])) for row in rows]
 
     # -- several instances -------------------------------------------------------------
 
@@ -634,7 +623,7 @@ def _note(payload: str, changed: dict[str, int]) -> int:
 def _entry(row: Sequence[Any]) -> JournalEntry:
     return JournalEntry(
         seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=_bytes(row[5]), ref=row[6],
-        payload=_loads(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
+        payload=load_json(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
         expires_at=row[12], default=_bytes(row[13]),
     )
 
@@ -645,27 +634,23 @@ def _bytes(value: Any) -> bytes | None:
 
 def _session(row: Sequence[Any], journal: list[JournalEntry]) -> SessionRecord:
     session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner = row
-    live = _loads(turn)
     return SessionRecord(
         session_id=session_id,
         status=status,
-        state=_loads(state),
-        response=_loads(response),
+        state=load_json(state),
+        response=load_json(response),
         error=error,
         turn_id=turn_id,
         touched=touched,
-        turn=None if live is None else TurnRecord(
-            turn_id=turn_id, message=live["message"], webhook=live.get("webhook"), deadline=live.get("deadline"),
-            journal=journal, grants=tuple(live.get("grants") or ()), started_at=live.get("started_at"),
-        ),
-        grants=_loads(grants) or {},
+        turn=turn_from_json(turn_id, turn, journal),
+        grants=load_json(grants) or {},
         version=version,
         owner=owner,
     )
 
 
 def _event(row: Sequence[Any]) -> Event:
-    return Event(session_id=row[1], kind=row[2], data=_loads(row[3]), at=row[4], seq=row[0])
+    return Event(session_id=row[1], kind=row[2], data=load_json(row[3]), at=row[4], seq=row[0])
 
 
 def _one_line(exc: BaseException) -> str:

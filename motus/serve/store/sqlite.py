@@ -21,13 +21,11 @@ anyway); statements are short and never wait on anything but the disk.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
@@ -40,7 +38,10 @@ from motus.serve.store.base import (
     SessionRecord,
     Store,
     StoreError,
-    TurnRecord,
+    dump_json,
+    load_json,
+    turn_from_json,
+    turn_json,
 )
 
 log = logging.getLogger(__name__)
@@ -104,16 +105,6 @@ _ADDED_IN_2 = {
 
 #: Events are pruned (down to ``EVENTS_KEPT``) once every this many inserts.
 _PRUNE_EVERY = 1000
-
-
-def _dumps(value: Any) -> str | None:
-    # ASCII escapes: a lone surrogate a client sent (half an emoji) is kept as written, where
-    # SQLite's UTF-8 would refuse it.
-    return None if value is None else json.dumps(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
 
 
 class SqliteStore(Store):
@@ -255,7 +246,7 @@ class SqliteStore(Store):
                 journals.setdefault(row[0], []).append(
                     JournalEntry(
                         seq=row[1], kind=row[2], key=row[3], label=row[4], done=bool(row[5]), value=row[6],
-                        ref=row[7], payload=_loads(row[8]), answered_at=row[9], answered_by=row[10], parent=row[11],
+                        ref=row[7], payload=load_json(row[8]), answered_at=row[9], answered_by=row[10], parent=row[11],
                         created_at=row[12], expires_at=row[13], default=row[14],
                     )
                 )
@@ -263,25 +254,16 @@ class SqliteStore(Store):
                 "SELECT session_id, status, state, response, error, turn_id, touched, turn, grants FROM sessions ORDER BY touched"
             ).fetchall()
         for session_id, status, state, response, error, turn_id, touched, turn, grants in rows:
-            live = _loads(turn)
             yield SessionRecord(
                 session_id=session_id,
                 status=status,
-                state=_loads(state),
-                response=_loads(response),
+                state=load_json(state),
+                response=load_json(response),
                 error=error,
                 turn_id=turn_id,
                 touched=touched,
-                turn=None if live is None else TurnRecord(
-                    turn_id=turn_id,
-                    message=live["message"],
-                    webhook=live.get("webhook"),
-                    deadline=live.get("deadline"),
-                    journal=journals.get(session_id, []),
-                    grants=tuple(live.get("grants") or ()),
-                    started_at=live.get("started_at"),
-                ),
-                grants=_loads(grants) or {},
+                turn=turn_from_json(turn_id, turn, journals.get(session_id, [])),
+                grants=load_json(grants) or {},
             )
 
     def save(
@@ -292,11 +274,8 @@ class SqliteStore(Store):
         audit: Sequence[AuditRecord] = (),
     ) -> int:
         turn = record.turn
-        turn_json = None if turn is None else _dumps(
-            {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline, "grants": list(turn.grants),
-             "started_at": turn.started_at}
-        )
-        grants = _dumps(record.grants) if record.grants else None
+        turn_text = turn_json(turn)
+        grants = dump_json(record.grants) if record.grants else None
         with self._lock:
             db = self._db()
             try:
@@ -305,15 +284,15 @@ class SqliteStore(Store):
                     db.execute(
                         "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
                         "grants = ? WHERE session_id = ?",
-                        (record.status, _dumps(record.response), record.error, record.turn_id, record.touched,
-                         turn_json, grants, record.session_id),
+                        (record.status, dump_json(record.response), record.error, record.turn_id, record.touched,
+                         turn_text, grants, record.session_id),
                     )
                 else:
                     db.execute(
                         "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
                         "turn, grants) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (record.session_id, record.status, _dumps(record.state), _dumps(record.response), record.error,
-                         record.turn_id, record.touched, turn_json, grants),
+                        (record.session_id, record.status, dump_json(record.state), dump_json(record.response), record.error,
+                         record.turn_id, record.touched, turn_text, grants),
                     )
                 if turn is None:
                     db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
@@ -322,7 +301,7 @@ class SqliteStore(Store):
                     self._put_entries(db, record.session_id, turn.turn_id, entries)
                 db.executemany(
                     "INSERT INTO audit (session_id, kind, at, by, data) VALUES (?, ?, ?, ?, ?)",
-                    [(a.session_id, a.kind, a.at, a.by, _dumps(a.data)) for a in audit],
+                    [(a.session_id, a.kind, a.at, a.by, dump_json(a.data)) for a in audit],
                 )
                 last = self._put_events(db, events)
                 db.execute("COMMIT")
@@ -350,7 +329,7 @@ class SqliteStore(Store):
             "answered_at, answered_by, parent, created_at, expires_at, default_value) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (session_id, turn_id, e.seq, e.kind, e.key, e.label, int(e.done), e.value, e.ref, _dumps(e.payload),
+                (session_id, turn_id, e.seq, e.kind, e.key, e.label, int(e.done), e.value, e.ref, dump_json(e.payload),
                  e.answered_at, e.answered_by, e.parent, e.created_at, e.expires_at, e.default)
                 for e in entries
             ],
@@ -362,7 +341,7 @@ class SqliteStore(Store):
         for event in events:
             cursor = db.execute(
                 "INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
-                (event.session_id, event.kind, _dumps(event.data), event.at),
+                (event.session_id, event.kind, dump_json(event.data), event.at),
             )
             event.seq = int(cursor.lastrowid or 0)
             if event.seq % _PRUNE_EVERY == 0:
@@ -399,7 +378,7 @@ class SqliteStore(Store):
                     "SELECT seq, session_id, kind, data, at FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                     (session_id, after, limit),
                 ).fetchall()
-        return [Event(session_id=row[1], kind=row[2], data=_loads(row[3]), at=row[4], seq=row[0]) for row in rows]
+        return [Event(session_id=row[1], kind=row[2], data=load_json(row[3]), at=row[4], seq=row[0]) for row in rows]
 
     def event_bounds(self) -> tuple[int, int]:
         with self._lock:
@@ -416,7 +395,7 @@ class SqliteStore(Store):
             rows = self._db().execute(
                 "SELECT kind, at, by, data FROM audit WHERE session_id = ? ORDER BY id", (session_id,)
             ).fetchall()
-        return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=_loads(row[3])) for row in rows]
+        return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=load_json(row[3])) for row in rows]
 
 
 def _rollback(db: sqlite3.Connection) -> None:

@@ -293,6 +293,11 @@ def _cmd(proc: psutil.Process) -> str:
         return "?"
 
 
+def _is_fork_server(cmd: str) -> bool:
+    """motus' zygote, or multiprocessing's forkserver (``MOTUS_WORKER_START=multiprocessing``)."""
+    return "forkserver" in cmd or "motus-zygote" in cmd
+
+
 def _role(proc: psutil.Process, arbiter: int) -> str:
     if proc.pid == arbiter:
         return "gunicorn arbiter"
@@ -302,9 +307,9 @@ def _role(proc: psutil.Process, arbiter: int) -> str:
         parent_cmd = " ".join(parent.cmdline()) if parent else ""
     except psutil.Error:
         return "?"
-    if "forkserver" in parent_cmd:
+    if _is_fork_server(parent_cmd):
         return "agent worker (warm or live)"
-    if "forkserver" in cmd:
+    if _is_fork_server(cmd):
         return "forkserver"
     if "resource_tracker" in cmd:
         return "resource tracker"

@@ -32,9 +32,10 @@ Guarantees and rules:
   closed")`` and gets a short grace period to run its handlers; then its whole process group
   is killed. ``kill`` (parking) ends the group at once: no handler runs, since the turn is not
   over, only its process.
-- Each worker process runs one job, then exits; processes are started ahead of need from a
-  forkserver with the agent module preloaded (spawn where forkserver is missing), so a turn
-  does not pay for interpreter start-up and the threaded server is never forked.
+- Each worker process runs one job, then exits; processes are started ahead of need by a
+  fork server with the agent already loaded (``motus.serve.processes``: our zygote, or
+  ``multiprocessing``'s forkserver), so a turn does not pay for interpreter start-up and the
+  threaded server is never forked.
 - A process that cannot be started fails, with that reason, every job waiting for one
   (each job launched later gets its own attempt); spare processes are then refilled with a
   growing back-off, never in a loop.
@@ -57,15 +58,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from motus.serve.agents import agent_module, needs_main
 from motus.serve.errors import ServerUnavailable
 from motus.serve.interrupt import EXIT_GRACE_SECONDS
 from motus.serve.metrics import NO_METRICS, Hooks
+from motus.serve.processes import WorkerProcess, launcher
 from motus.serve.protocol import Failure, Job, Result
-from motus.serve.worker import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class Handle:
     session_id: str
     turn_id: int
     job: Job
-    process: BaseProcess | None = None
+    process: WorkerProcess | None = None
     conn: Connection | None = None
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     finished: bool = False  # outcome reported, or stopped/killed: the listener hears no more
@@ -119,7 +118,7 @@ class Handle:
 class _Warm:
     """A started process waiting for its one job."""
 
-    process: BaseProcess
+    process: WorkerProcess
     conn: Connection
     kill_at: float | None = None
 
@@ -148,51 +147,6 @@ class _Wakeup:
         self.reader.close()
 
 
-WORKER_PROCESS_NAME = "motus-worker"
-#: Workers of an agent defined in the main script: they run that script first (see below).
-WORKER_WITH_MAIN_NAME = "motus-worker-main"
-
-
-def _skip_main_for_workers() -> None:
-    """Workers must not re-run the server's ``__main__``.
-
-    ``multiprocessing`` re-imports the parent's main script in every spawned or forkserver
-    child (as ``__mp_main__``) unless it is a ``-m pkg.__main__`` module. For a worker that is
-    pure cost at best (the ``motus`` console script, gunicorn's script) and a second server
-    at worst (a user's ``AgentServer(...).run()`` without a main guard). Workers need nothing
-    from ``__main__``: the agent is imported by its module path. So for processes named
-    ``WORKER_PROCESS_NAME`` the preparation data leaves the main module out. The wrapper is
-    installed once and changes nothing for any other process. The one exception is an agent
-    object defined in the main script itself (``AgentServer(agent_fn=my_agent)`` in
-    ``myapp.py``): its workers are named ``WORKER_WITH_MAIN_NAME`` and run the script as
-    ``__mp_main__``, exactly as ``multiprocessing`` does, so the agent can be unpickled.
-    """
-    from multiprocessing import spawn
-
-    original = spawn.get_preparation_data
-    if getattr(original, "_motus_wrapper", False):
-        return
-
-    def get_preparation_data(name: str) -> dict[str, Any]:
-        data = original(name)
-        if name == WORKER_PROCESS_NAME:
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-        return data
-
-    get_preparation_data._motus_wrapper = True  # type: ignore[attr-defined]
-    spawn.get_preparation_data = get_preparation_data
-
-
-def _context(agent_module: str | None) -> multiprocessing.context.BaseContext:
-    _skip_main_for_workers()
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["motus.serve.worker"] + ([agent_module] if agent_module else []))
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
 class WorkerPool:
     """Runs jobs in fresh worker processes; see the module docstring for the rules."""
 
@@ -212,15 +166,12 @@ class WorkerPool:
         self.warm_target = warm
         self.warm_low = max(1, warm // 2)
         self._listener = listener
-        self._agent_path = agent_path
-        self._agent_blob = agent_blob  # the pickled agent object (see agents.agent_blob)
-        needs_main_script = agent_blob is not None and needs_main(agent_blob)
-        self._process_name = WORKER_WITH_MAIN_NAME if needs_main_script else WORKER_PROCESS_NAME
+        # agent_blob: the pickled agent object (see agents.agent_blob)
+        self._launcher = launcher(agent_path, agent_blob)
         self._start_failures = 0  # failed process starts in a row
         self._retry_start_at = 0.0  # no refill before this after a failed start (clock)
         self._busy = busy
         self._clock = clock
-        self._ctx = _context(agent_module(agent_path) if agent_path else None)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # warm taken, jobs waiting, stopping
         self._procs: dict[int, Handle | _Warm] = {}  # every process not yet reaped, by sentinel
@@ -299,6 +250,7 @@ class WorkerPool:
             self._warm.clear()
             self._changed.notify_all()
         self._wakeup.wake()
+        self._launcher.interrupt()  # a start in progress gives up at once
         if self._spawner.is_alive():
             self._spawner.join()
         if self._manager.is_alive():
@@ -306,6 +258,7 @@ class WorkerPool:
         if self._sender.is_alive():
             self._outbox.put(None)
             self._sender.join()
+        self._launcher.close()
 
     def _send_loop(self) -> None:
         """Sender thread: performs the sends the manager thread decided on."""
@@ -331,7 +284,7 @@ class WorkerPool:
         self._request_close_locked(handle)
         if not handle.reaped:
             if grace <= 0:
-                _kill_group(handle.process)
+                handle.process.kill_group()
             handle.kill_at = self._clock() + (grace if grace > 0 else REAP_GRACE_SECONDS)
 
     def _pump_locked(self) -> Sends:
@@ -434,6 +387,14 @@ class WorkerPool:
         return False, REFILL_IDLE_SECONDS - idle_for
 
     def _spawn_loop(self) -> None:
+        """Spawner thread. On its way out it wakes the manager, which may be waiting only for
+        the last start to end before it can stop."""
+        try:
+            self._spawn_forever()
+        finally:
+            self._wakeup.wake()
+
+    def _spawn_forever(self) -> None:
         while True:
             with self._lock:
                 while not self._stopped:
@@ -451,7 +412,10 @@ class WorkerPool:
                 self.metrics.worker_started(time.perf_counter() - started)
             except Exception as exc:
                 error = f"Could not start a worker process: {type(exc).__name__}: {exc}"
-                self._log_start_failure(error)
+                with self._lock:
+                    stopping = self._stopped
+                if not stopping:  # a start cut short by shutdown is no failure
+                    self._log_start_failure(error)
             with self._lock:
                 self._spawning -= 1
                 if warm is None:
@@ -490,20 +454,8 @@ class WorkerPool:
             log.warning("%s (%d failures in a row)", error, self._start_failures + 1)
 
     def _start_process(self) -> _Warm:
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(
-            target=worker_main,
-            args=(child, self._agent_path, None if self._agent_path else self._agent_blob),
-            name=self._process_name,
-        )
-        try:
-            process.start()
-        except BaseException:
-            parent.close()  # a start that keeps failing must not leak a pipe each time
-            raise
-        finally:
-            child.close()
-        return _Warm(process=process, conn=parent)
+        process, conn = self._launcher.start()
+        return _Warm(process=process, conn=conn)
 
     # -- manager thread -----------------------------------------------------------------
 
@@ -576,7 +528,7 @@ class WorkerPool:
             elif handle.close_blocked_since is None:
                 handle.close_blocked_since = now  # usually a send that ends in microseconds
             elif now - handle.close_blocked_since > BLOCKED_SEND_SECONDS and not handle.reaped:
-                _kill_group(handle.process)  # the worker stopped reading: EPIPE frees the sender
+                handle.process.kill_group()  # the worker stopped reading: EPIPE frees the sender
         for item in list(self._procs.values()):
             if isinstance(item, _Warm) and self._stopped and not item.conn.closed:
                 item.conn.close()
@@ -637,7 +589,7 @@ class WorkerPool:
                 self._close_requested_locked()
             elif not item.conn.closed:
                 item.conn.close()
-        _kill_group(item.process, only_group=True)  # whatever the agent left in its group
+        item.process.kill_group(only_group=True)  # whatever the agent left in its group
         item.process.join(timeout=1)  # type: ignore[union-attr]
         with self._lock:
             if isinstance(item, Handle):
@@ -653,24 +605,4 @@ class WorkerPool:
                     to_kill.append(item.process)
                     item.kill_at = None
         for process in to_kill:
-            _kill_group(process)
-
-
-def _kill_group(process: BaseProcess | None, only_group: bool = False) -> None:
-    """SIGKILL a worker and its process group (it called setpgrp). "Already dead" is fine.
-    Callers never pass a reaped process (its pid may belong to someone else by now)."""
-    if process is None:
-        return
-    try:
-        if process.pid is None:
-            return
-    except ValueError:  # the process object is closed: it was reaped
-        return
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        if not only_group:
-            try:
-                process.kill()
-            except (ProcessLookupError, ValueError):
-                pass  # it is already gone
+            process.kill_group()

@@ -26,7 +26,8 @@ from motus.serve.auth import ApiKeys, is_loopback
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
 from motus.serve.metrics import ServerMetrics
-from motus.serve.pool import WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME, PoolClosed, WorkerPool
+from motus.serve.pool import PoolClosed, WorkerPool
+from motus.serve.processes import WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME
 from motus.serve.store import Store, StoreError, default_store_url, store_from_url
 from motus.serve.streams import StreamSlots
 from motus.serve.turns import SessionStatus, Turns

@@ -39,22 +39,31 @@ log = logging.getLogger(__name__)
 
 
 def worker_main(conn: Connection, agent_path: str | None, agent_blob: bytes | None = None) -> None:
-    """Process entry point (``multiprocessing`` target). The agent comes by import path, or
-    pickled (``agent_blob``): it is unpickled here, not by ``multiprocessing``, so an agent
-    that cannot be loaded fails its turn with a message instead of killing the process."""
+    """Process entry point of a ``multiprocessing`` worker (the fallback where the zygote
+    cannot run, see ``motus.serve.processes``): load the agent here, then run one turn."""
+    agent, load_error = load(agent_path, agent_blob)
+    run_worker(conn, agent, load_error)
+
+
+def load(agent_path: str | None, agent_blob: bytes | None) -> tuple[Any, str | None]:
+    """The agent, by import path or pickled (``agent_blob``), or the one line that says why
+    it could not be loaded. It is unpickled here, not by ``multiprocessing``, so an agent
+    that cannot be loaded fails its turns with that line instead of killing the process."""
+    try:
+        if agent_path is not None:
+            return load_agent(agent_path), None
+        if agent_blob is not None:
+            return pickle.loads(agent_blob), None
+        raise RuntimeError("the worker was given no agent")
+    except Exception as exc:  # reported with each job, so the session shows it
+        return None, f"Could not load the agent in the worker process: {type(exc).__name__}: {exc}"
+
+
+def run_worker(conn: Connection, agent: Any, load_error: str | None) -> None:
+    """Run the one turn this process is for: wait for its ``Job``, run it, send the outcome."""
     os.setpgrp()
     # Ctrl-C in a terminal is the server's business: it cancels turns itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if agent_path is not None:
-            agent = load_agent(agent_path)
-        elif agent_blob is not None:
-            agent = pickle.loads(agent_blob)
-        else:
-            raise RuntimeError("the worker was given no agent")
-        load_error = None
-    except Exception as exc:  # reported with the job, so the session shows it
-        agent, load_error = None, f"Could not load the agent in the worker process: {type(exc).__name__}: {exc}"
     loop = asyncio.new_event_loop()
     _warm_up(loop)
     try:
@@ -81,6 +90,17 @@ def worker_main(conn: Connection, agent_path: str | None, agent_blob: bytes | No
                 os.killpg(os.getpgrp(), signal.SIGKILL)
             finally:
                 os._exit(1)
+
+
+def rehearse() -> None:
+    """In the zygote, before it forks anyone: do once the lazy first-time work of a turn
+    (a loop, a validation, a dump, a pickle), so its children inherit it done."""
+    loop = asyncio.new_event_loop()
+    try:
+        _warm_up(loop)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 async def _run_and_report(conn: Connection, agent: Any, job: Job) -> None:

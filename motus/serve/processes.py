@@ -1,0 +1,188 @@
+"""How the pool starts a worker process: the zygote where it can run, ``multiprocessing`` elsewhere.
+
+Both launchers give the pool the same thing: a process object with ``sentinel`` (a
+descriptor that is readable once the process has exited), ``is_alive()``, ``join()``,
+``kill_group()`` and ``close()``, and the server's end of the job pipe.
+
+- ``motus.serve.zygote`` (Linux): the default. A start costs a fraction of what
+  ``multiprocessing`` costs (see ``bench/README.md``).
+- ``multiprocessing``'s forkserver (spawn where there is no forkserver): where there are no
+  pidfds, for an agent object defined in the main script (its workers must run that script
+  first, as ``multiprocessing`` does), or when ``MOTUS_WORKER_START=multiprocessing``.
+
+The launcher is used by the pool's spawner thread only; ``interrupt`` and ``close`` come
+from the thread that shuts the pool down.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+from motus.serve import zygote
+from motus.serve.agents import agent_module, needs_main
+from motus.serve.worker import worker_main
+
+#: Set to ``multiprocessing`` to start workers with ``multiprocessing`` even where the zygote runs.
+START_ENV_VAR = "MOTUS_WORKER_START"
+
+WORKER_PROCESS_NAME = "motus-worker"
+#: Workers of an agent defined in the main script: they run that script first (see below).
+WORKER_WITH_MAIN_NAME = "motus-worker-main"
+
+
+class WorkerProcess(Protocol):
+    pid: int | None
+
+    @property
+    def sentinel(self) -> int: ...
+
+    def is_alive(self) -> bool: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def kill_group(self, only_group: bool = False) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Launcher(Protocol):
+    name: str
+
+    def start(self) -> tuple[WorkerProcess, Connection]: ...
+
+    def interrupt(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def launcher(agent_path: str | None, agent_blob: bytes | None) -> Launcher:
+    """The launcher for this agent on this platform (see the module docstring)."""
+    main_script = agent_blob is not None and needs_main(agent_blob)
+    if zygote.available() and not main_script and os.environ.get(START_ENV_VAR, "") != "multiprocessing":
+        return ZygoteLauncher(agent_path, agent_blob)
+    return MultiprocessingLauncher(agent_path, agent_blob, main_script)
+
+
+class ZygoteLauncher:
+    name = "zygote"
+
+    def __init__(self, agent_path: str | None, agent_blob: bytes | None) -> None:
+        self._zygote = zygote.Zygote(agent_path, None if agent_path else agent_blob)
+
+    def start(self) -> tuple[WorkerProcess, Connection]:
+        return self._zygote.start_child()
+
+    def interrupt(self) -> None:
+        self._zygote.interrupt()
+
+    def close(self) -> None:
+        self._zygote.close()
+
+
+class MultiprocessingLauncher:
+    name = "multiprocessing"
+
+    def __init__(self, agent_path: str | None, agent_blob: bytes | None, main_script: bool) -> None:
+        self._agent_path = agent_path
+        self._agent_blob = None if agent_path else agent_blob
+        self._process_name = WORKER_WITH_MAIN_NAME if main_script else WORKER_PROCESS_NAME
+        self._ctx = _context(agent_module(agent_path) if agent_path else None)
+
+    def start(self) -> tuple[WorkerProcess, Connection]:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(target=worker_main, args=(child, self._agent_path, self._agent_blob), name=self._process_name)
+        try:
+            process.start()
+        except BaseException:
+            parent.close()  # a start that keeps failing must not leak a pipe each time
+            raise
+        finally:
+            child.close()
+        return MultiprocessingProcess(process), parent
+
+    def interrupt(self) -> None:
+        """Nothing to wake: a ``multiprocessing`` start does not wait on us."""
+
+    def close(self) -> None:
+        """The forkserver ends by itself when this process exits."""
+
+
+class MultiprocessingProcess:
+    """A ``multiprocessing`` process with the pool's interface. Its forkserver reaps it, so
+    after ``close`` (it has been joined) it is never signalled again."""
+
+    def __init__(self, process: BaseProcess) -> None:
+        self._process = process
+        self.pid = process.pid
+        self.sentinel = process.sentinel
+        self._closed = False
+
+    def is_alive(self) -> bool:
+        return not self._closed and self._process.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if not self._closed:
+            self._process.join(timeout)
+
+    def kill_group(self, only_group: bool = False) -> None:
+        """SIGKILL the worker and its process group (it called setpgrp). "Already dead" is fine."""
+        if self._closed or self.pid is None:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            if not only_group:
+                try:
+                    self._process.kill()
+                except (ProcessLookupError, ValueError):
+                    pass  # it is already gone
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._process.close()
+
+
+def _skip_main_for_workers() -> None:
+    """Workers must not re-run the server's ``__main__``.
+
+    ``multiprocessing`` re-imports the parent's main script in every spawned or forkserver
+    child (as ``__mp_main__``) unless it is a ``-m pkg.__main__`` module. For a worker that is
+    pure cost at best (the ``motus`` console script, gunicorn's script) and a second server
+    at worst (a user's ``AgentServer(...).run()`` without a main guard). Workers need nothing
+    from ``__main__``: the agent is imported by its module path. So for processes named
+    ``WORKER_PROCESS_NAME`` the preparation data leaves the main module out. The wrapper is
+    installed once and changes nothing for any other process. The one exception is an agent
+    object defined in the main script itself (``AgentServer(agent_fn=my_agent)`` in
+    ``myapp.py``): its workers are named ``WORKER_WITH_MAIN_NAME`` and run the script as
+    ``__mp_main__``, exactly as ``multiprocessing`` does, so the agent can be unpickled.
+    """
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_motus_wrapper", False):
+        return
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if name == WORKER_PROCESS_NAME:
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._motus_wrapper = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
+def _context(agent_module: str | None) -> multiprocessing.context.BaseContext:
+    _skip_main_for_workers()
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["motus.serve.worker"] + ([agent_module] if agent_module else []))
+        return ctx
+    return multiprocessing.get_context("spawn")

@@ -1,0 +1,347 @@
+"""Our own fork server (the "zygote"): one small process that forks a fresh worker per request.
+
+Why not ``multiprocessing``'s forkserver: every process it starts costs the server a new
+connection, pickled preparation data and a pickled process object, and costs the child the
+unpickling of both, multiprocessing's after-fork hooks and the copy-on-write faults of all
+that. Here a start is one byte one way and two descriptors back; the child goes straight
+from ``fork()`` to waiting for its job. The zygote also loads the agent and rehearses a turn
+once, before it forks anyone, so no child pays for lazy first-time work.
+
+Shape::
+
+    server (spawner thread)                zygote (single-threaded)              child
+    -----------------------                ------------------------              -----
+    Popen(python -c ...), config on stdin  load agent, rehearse, gc.freeze()
+                       <── b"ready" ───────
+    b"F" ──────────────────────────────▶   socketpair(); fork() ───────────────▶ setpgid, close
+                                           pidfd_open(child)                     zygote's fds,
+    (pid, [conn fd, pidfd]) ◀── SCM_RIGHTS                                       run_worker(conn)
+                                           SIGCHLD: killpg(child) while it is    os._exit()
+                                           a zombie, then reap it
+
+Guarantees:
+
+- The server never forks itself (it is threaded): the zygote is a fresh interpreter started
+  with ``subprocess`` (the executable ``multiprocessing`` would use), and it forks only
+  while single-threaded (unless the agent's own import started threads, as with any fork
+  server).
+- A child is known to the server by a pidfd: waiting on it, testing it and killing it can
+  never reach another process, even after the pid is reused.
+- When a child exits, the zygote kills the rest of its process group *before* reaping it: the
+  group id is still held by the zombie, so the signal cannot reach an unrelated group.
+- The zygote ends when the server closes the control socket or dies (EOF). Children it
+  leaves behind end themselves: their job pipe reaches EOF.
+- One thread at a time calls ``start_child`` (the pool's spawner); ``interrupt`` and
+  ``close`` may be called from any thread and wake a start that is waiting.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from multiprocessing import spawn
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: How long the zygote may take to import and load the agent before a start counts as failed.
+READY_TIMEOUT_SECONDS = 120.0
+#: How long one fork may take to be answered.
+FORK_TIMEOUT_SECONDS = 30.0
+
+_BOOTSTRAP = (
+    "import pickle, sys\n"
+    "config = pickle.load(sys.stdin.buffer)\n"
+    "sys.path[:] = config['sys_path']\n"
+    "from motus.serve.zygote import main\n"
+    "main(config)\n"
+)
+
+
+def available() -> bool:
+    """Whether this platform can run the zygote (fork, pidfds and descriptor passing)."""
+    return all(hasattr(os, name) for name in ("fork", "pidfd_open")) and hasattr(signal, "pidfd_send_signal") and hasattr(socket, "send_fds")
+
+
+class ZygoteError(RuntimeError):
+    """The zygote could not be started, or could not start a child."""
+
+
+class Child:
+    """One worker process started by the zygote, known by its pidfd.
+
+    The same small interface the pool uses for ``multiprocessing`` processes: ``sentinel``
+    (readable once the process has exited), ``is_alive``, ``join``, ``kill_group`` and
+    ``close``. Guarded by the pool's lock like the rest of a handle.
+    """
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self.sentinel = pidfd
+        self._closed = False
+
+    def is_alive(self) -> bool:
+        if self._closed:
+            return False
+        readable, _, _ = select.select([self.sentinel], [], [], 0)
+        return not readable
+
+    def join(self, timeout: float | None = None) -> None:
+        if not self._closed:
+            select.select([self.sentinel], [], [], timeout)
+
+    def kill_group(self, only_group: bool = False) -> None:
+        """SIGKILL the process; the zygote then kills the rest of its group when it reaps
+        it. ``only_group`` (the process has already exited) has nothing left to do here."""
+        if self._closed or only_group:
+            return
+        try:
+            signal.pidfd_send_signal(self.sentinel, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it has exited; the zygote reaps it and ends its group
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self.sentinel)
+
+
+class Zygote:
+    """The server's side: starts the zygote on first use (and again after it died), asks it
+    for children. See the module docstring for the protocol and the guarantees."""
+
+    def __init__(self, agent_path: str | None, agent_blob: bytes | None) -> None:
+        self._config: dict[str, Any] = {"agent_path": agent_path, "agent_blob": agent_blob}
+        self._lock = threading.Lock()  # guards _proc, _ctl, _closed (not the socket's traffic)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._proc.pid if self._proc is not None else None
+
+    def start_child(self) -> tuple[Child, Connection]:
+        """A fresh worker process and the server's end of its job pipe (spawner thread only)."""
+        ctl = self._running()
+        try:
+            ctl.settimeout(FORK_TIMEOUT_SECONDS)
+            ctl.sendall(b"F")
+            message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
+        except OSError as exc:
+            self._discard()
+            raise ZygoteError(f"the worker zygote stopped answering ({type(exc).__name__}: {exc})") from None
+        if not message or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            detail = message.decode(errors="replace") if message else "it exited"
+            self._discard()
+            raise ZygoteError(f"the worker zygote could not start a process: {detail}")
+        return Child(int(message), fds[1]), Connection(fds[0])
+
+    def interrupt(self) -> None:
+        """Refuse new starts and wake a start that is waiting (any thread)."""
+        with self._lock:
+            self._closed = True
+            if self._ctl is not None:
+                try:
+                    self._ctl.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # not connected any more: nothing is waiting on it
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the zygote and wait for it (call once no start can be running)."""
+        self.interrupt()
+        self._discard(timeout)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _running(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise ZygoteError("the pool is closing")
+            if self._ctl is not None and self._proc is not None and self._proc.poll() is None:
+                return self._ctl
+        self._discard()
+        return self._launch()
+
+    def _launch(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = dict(self._config, sys_path=list(sys.path), ctl_fd=theirs.fileno())
+        command = [spawn.get_executable(), *subprocess._args_from_interpreter_flags(), "-c", _BOOTSTRAP, "motus-zygote"]  # type: ignore[attr-defined]
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, pass_fds=[theirs.fileno()], close_fds=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        with self._lock:
+            self._proc, self._ctl = proc, ours
+            closed = self._closed
+        if closed:
+            self._discard()
+            raise ZygoteError("the pool is closing")
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL))
+            proc.stdin.close()
+            ours.settimeout(READY_TIMEOUT_SECONDS)
+            ready = ours.recv(64)
+        except (OSError, ValueError) as exc:
+            self._discard()
+            raise ZygoteError(f"the worker zygote did not start ({type(exc).__name__}: {exc})") from None
+        if ready != b"ready":
+            self._discard()
+            code = proc.returncode
+            raise ZygoteError(f"the worker zygote exited during start-up (exit code {code})")
+        return ours
+
+    def _discard(self, timeout: float = 1.0) -> None:
+        """Forget the zygote: close our end (it sees EOF and exits) and reap it."""
+        with self._lock:
+            proc, ctl = self._proc, self._ctl
+            self._proc = self._ctl = None
+        if ctl is not None:
+            ctl.close()
+        if proc is None:
+            return
+        if proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass  # it is gone: nothing left to flush to
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the zygote process ----------------------------------------------------------------------
+
+
+def main(config: dict[str, Any]) -> None:
+    """The zygote's entry point (see ``_BOOTSTRAP``)."""
+    from motus.serve import worker
+
+    ctl = socket.socket(fileno=config["ctl_fd"])
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the config pipe is done with; children must not hold it
+    os.close(devnull)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's business
+    agent, load_error = worker.load(config["agent_path"], config["agent_blob"])
+    worker.rehearse()
+    gc.collect()
+    gc.freeze()  # what the children inherit is never traversed by their collections
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    try:
+        ctl.sendall(b"ready")
+    except OSError:
+        return  # the server gave up on us (it is shutting down): nothing to serve
+    while True:
+        readable, _, _ = select.select([ctl, wake_r], [], [])
+        if wake_r in readable:
+            _drain(wake_r)
+            _reap()
+        if ctl in readable:
+            try:
+                request = ctl.recv(16)
+            except OSError:
+                request = b""
+            if not request:
+                break  # the server closed the socket or died
+            try:
+                _fork(ctl, (wake_r, wake_w), agent, load_error)
+            except OSError:
+                break  # the server went away while we answered
+    _reap()
+
+
+def _fork(ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str | None) -> None:
+    ours, theirs = socket.socketpair()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        ours.close()
+        theirs.close()
+        ctl.sendall(f"fork failed: {exc}".encode()[:60])
+        return
+    if pid == 0:
+        ours.close()
+        _child(theirs, ctl, wake, agent, load_error)  # never returns
+    theirs.close()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        os.kill(pid, signal.SIGKILL)  # not yet reaped: the pid is still this child's
+        ours.close()
+        ctl.sendall(f"pidfd_open failed: {exc}".encode()[:60])
+        return
+    try:
+        socket.send_fds(ctl, [str(pid).encode()], [ours.fileno(), pidfd])
+    finally:
+        ours.close()
+        os.close(pidfd)
+
+
+def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str | None) -> None:
+    """In the fresh process: drop the zygote's descriptors and handlers, run one turn, exit
+    without the interpreter's shutdown (there is nothing of ours to flush but stdio)."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in wake:
+            os.close(fd)
+        ctl.close()
+        from motus.serve.worker import run_worker
+
+        run_worker(Connection(sock.detach()), agent, load_error)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or broken stream must not keep the process alive
+                code = code or 1
+        os._exit(code)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        return  # empty
+
+
+def _reap() -> None:
+    """Reap every exited child, killing what is left of its process group first."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        try:
+            os.killpg(info.si_pid, signal.SIGKILL)  # the zombie still holds the group id
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left in its group
+        os.waitpid(info.si_pid, 0)

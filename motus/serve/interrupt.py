@@ -63,9 +63,40 @@ class _Channel:
         self.journal: Journal = Journal((), self)
         self._reader = threading.Thread(target=self._read_resumes, name="motus-resume-reader", daemon=True)
 
-    def start(self, journal: Journal) -> None:
+    def start(self, journal: Journal, reader_thread: bool = True) -> None:
+        """Start delivering the server's messages. With ``reader_thread`` a thread reads the
+        pipe, and on EOF ends the process after a grace period even if the loop is blocked.
+        Without it (a zygote's child, whose zygote ends what outlives a dead server) the
+        loop reads the pipe itself, which spares a turn the start of a thread (the first
+        thread of a forked process costs about 0.7 ms)."""
         self.journal = journal
-        self._reader.start()
+        if reader_thread:
+            self._reader.start()
+        else:
+            self._loop.add_reader(self._conn.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        """On the loop: read what the server sent (a message is written whole, so a
+        readable pipe rarely holds less than one)."""
+        try:
+            while True:
+                self._dispatch(self._conn.recv())
+                if not self._conn.poll():
+                    return
+        except (EOFError, OSError):
+            self._loop.remove_reader(self._conn.fileno())
+            self._fail_all()
+            # As the reader thread does: the agent gets a moment for its handlers, then the
+            # group ends. The server ends a group whose loop is too busy to get here.
+            self._loop.call_later(EXIT_GRACE_SECONDS, _end_group)
+
+    def _dispatch(self, message: object) -> None:
+        if isinstance(message, Resume):
+            self._deliver(message)
+        elif isinstance(message, Ack):
+            self._acknowledge(message.seq)
+        else:
+            log.warning("worker ignored unexpected message %r", type(message).__name__)
 
     def send(self, message: object) -> None:
         with self._send_lock:
@@ -141,12 +172,7 @@ class _Channel:
                 message = self._conn.recv()
             except (EOFError, OSError):
                 break
-            if isinstance(message, Resume):
-                self._loop.call_soon_threadsafe(self._deliver, message)
-            elif isinstance(message, Ack):
-                self._loop.call_soon_threadsafe(self._acknowledge, message.seq)
-            else:
-                log.warning("worker ignored unexpected message %r", type(message).__name__)
+            self._loop.call_soon_threadsafe(self._dispatch, message)
         try:
             self._loop.call_soon_threadsafe(self._fail_all)
         except RuntimeError:
@@ -155,12 +181,7 @@ class _Channel:
         # agent a moment to run its handlers (finally blocks, except EOFError), then end for
         # sure so no process outlives its turn even if the agent ignores the error.
         threading.Event().wait(EXIT_GRACE_SECONDS)
-        # The server may be gone (kill -9), so nobody else will end what the agent started:
-        # end the whole process group, this process last.
-        try:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        finally:
-            os._exit(1)
+        _end_group()
 
     def _deliver(self, message: Resume) -> None:
         future = self._pending.get(message.interrupt_id)
@@ -184,6 +205,15 @@ class _Channel:
         for future in [*self._pending.values(), *self._acks.values()]:
             if not future.done():
                 future.set_exception(EOFError("Worker pipe closed"))
+
+
+def _end_group() -> None:
+    """The server may be gone (kill -9), so nobody else will end what the agent started:
+    end the whole process group, this process last."""
+    try:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(1)
 
 
 def _as_json_object(payload: Any) -> dict[str, Any]:

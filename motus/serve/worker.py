@@ -59,13 +59,21 @@ def load(agent_path: str | None, agent_blob: bytes | None) -> tuple[Any, str | N
         return None, f"Could not load the agent in the worker process: {type(exc).__name__}: {exc}"
 
 
-def run_worker(conn: Connection, agent: Any, load_error: str | None) -> None:
-    """Run the one turn this process is for: wait for its ``Job``, run it, send the outcome."""
+def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_zygote: bool = False) -> None:
+    """Run the one turn this process is for: wait for its ``Job``, run it, send the outcome.
+
+    ``forked_by_zygote``: the zygote has rehearsed a turn already, so there is no first-time
+    work left to warm up, and it ends what outlives a dead server, so the loop can read the
+    pipe itself (no reader thread, see ``interrupt._Channel.start``).
+    """
     os.setpgrp()
     # Ctrl-C in a terminal is the server's business: it cancels turns itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     loop = asyncio.new_event_loop()
-    _warm_up(loop)
+    if forked_by_zygote:
+        asyncio.set_event_loop(loop)
+    else:
+        _warm_up(loop)
     try:
         job = conn.recv()
     except (EOFError, OSError):
@@ -78,7 +86,7 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None) -> None:
         conn.send(Failure(error=load_error))
         return
     try:
-        _run_on(loop, _run_and_report(conn, agent, job))
+        _run_on(loop, _run_and_report(conn, agent, job, reader_thread=not forked_by_zygote))
     finally:
         channel = interrupt_module._channel
         interrupt_module._install(None)
@@ -103,10 +111,10 @@ def rehearse() -> None:
         loop.close()
 
 
-async def _run_and_report(conn: Connection, agent: Any, job: Job) -> None:
+async def _run_and_report(conn: Connection, agent: Any, job: Job, reader_thread: bool = True) -> None:
     """Send the outcome from inside the loop, before the loop's clean-up (which joins the
     default executor's threads) so the client does not wait for it."""
-    outcome = await _run_job(conn, agent, job)
+    outcome = await _run_job(conn, agent, job, reader_thread)
     try:
         conn.send(outcome)
     except OSError:
@@ -149,12 +157,12 @@ def _run_on(loop: asyncio.AbstractEventLoop, main: Any) -> Any:
             loop.close()
 
 
-async def _run_job(conn: Connection, agent: Any, job: Job) -> Result | Failure:
+async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool = True) -> Result | Failure:
     channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts, grants=job.grants)
     journal = Journal(job.journal, channel)
     interrupt_module._install(channel)
     journal_module._install(journal)
-    channel.start(journal)
+    channel.start(journal, reader_thread)
     try:
         message = ChatMessage.model_validate(job.message)
         state = [ChatMessage.model_validate(item) for item in job.state]

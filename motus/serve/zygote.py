@@ -46,6 +46,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
@@ -249,11 +250,12 @@ def main(config: dict[str, Any]) -> None:
         ctl.sendall(b"ready")
     except OSError:
         return  # the server gave up on us (it is shutting down): nothing to serve
+    children: set[int] = set()  # forked and not yet reaped
     while True:
         readable, _, _ = select.select([ctl, wake_r], [], [])
         if wake_r in readable:
             _drain(wake_r)
-            _reap()
+            _reap(children)
         if ctl in readable:
             try:
                 request = ctl.recv(16)
@@ -262,13 +264,34 @@ def main(config: dict[str, Any]) -> None:
             if not request:
                 break  # the server closed the socket or died
             try:
-                _fork(ctl, (wake_r, wake_w), agent, load_error)
+                _fork(ctl, (wake_r, wake_w), agent, load_error, children)
             except OSError:
                 break  # the server went away while we answered
-    _reap()
+    _end_children(children, wake_r)
 
 
-def _fork(ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str | None) -> None:
+def _end_children(children: set[int], wake_r: int) -> None:
+    """The server is gone or closing. A stopping server has ended its workers already; after
+    a crash, children still running see their pipe close and get the same grace period a
+    cancelled turn gets, then their groups are killed (their loop may be too busy to notice)."""
+    from motus.serve.interrupt import EXIT_GRACE_SECONDS
+
+    deadline = time.monotonic() + EXIT_GRACE_SECONDS + 0.5
+    _reap(children)
+    while children and time.monotonic() < deadline:
+        select.select([wake_r], [], [], max(0.0, deadline - time.monotonic()))
+        _drain(wake_r)
+        _reap(children)
+    for pid in children:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # not reaped: the id is still this child's
+        except ProcessLookupError:
+            os.kill(pid, signal.SIGKILL)  # it had not made its own group yet
+    for pid in list(children):
+        os.waitpid(pid, 0)
+
+
+def _fork(ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str | None, children: set[int]) -> None:
     ours, theirs = socket.socketpair()
     try:
         pid = os.fork()
@@ -281,6 +304,7 @@ def _fork(ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str
         ours.close()
         _child(theirs, ctl, wake, agent, load_error)  # never returns
     theirs.close()
+    children.add(pid)
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
@@ -308,7 +332,7 @@ def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent
         ctl.close()
         from motus.serve.worker import run_worker
 
-        run_worker(Connection(sock.detach()), agent, load_error)
+        run_worker(Connection(sock.detach()), agent, load_error, forked_by_zygote=True)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -331,7 +355,7 @@ def _drain(fd: int) -> None:
         return  # empty
 
 
-def _reap() -> None:
+def _reap(children: set[int]) -> None:
     """Reap every exited child, killing what is left of its process group first."""
     while True:
         try:
@@ -345,3 +369,4 @@ def _reap() -> None:
         except (ProcessLookupError, PermissionError):
             pass  # nothing left in its group
         os.waitpid(info.si_pid, 0)
+        children.discard(info.si_pid)

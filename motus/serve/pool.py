@@ -48,16 +48,16 @@ except ``conn`` writes (``send_lock``) and ``recv``/``close`` (manager thread on
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
-import os
 import queue
-import signal
+import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from motus.serve.errors import ServerUnavailable
@@ -226,13 +226,13 @@ class WorkerPool:
         group after a grace period. The listener hears nothing more from it."""
         with self._lock:
             self._finish_locked(handle, grace=CANCEL_GRACE_SECONDS)
-        self._wakeup.wake()
+        self._wake()
 
     def kill(self, handle: Handle) -> None:
         """End a handle now, with no grace and no handler run (parking)."""
         with self._lock:
             self._finish_locked(handle, grace=0.0)
-        self._wakeup.wake()
+        self._wake()
 
     def shutdown(self) -> None:
         """Kill what is left, end every process and thread. Idempotent. The caller has
@@ -249,7 +249,7 @@ class WorkerPool:
                 self._procs[warm.process.sentinel] = warm
             self._warm.clear()
             self._changed.notify_all()
-        self._wakeup.wake()
+        self._wake()
         self._launcher.interrupt()  # a start in progress gives up at once
         if self._spawner.is_alive():
             self._spawner.join()
@@ -259,6 +259,12 @@ class WorkerPool:
             self._outbox.put(None)
             self._sender.join()
         self._launcher.close()
+
+    def _wake(self) -> None:
+        """Make the manager look again at what changed. On the manager thread itself there is
+        nothing to do: it looks again when the current pass ends."""
+        if threading.current_thread() is not self._manager:
+            self._wakeup.wake()
 
     def _send_loop(self) -> None:
         """Sender thread: performs the sends the manager thread decided on."""
@@ -309,7 +315,7 @@ class WorkerPool:
             if warm.process.is_alive():
                 return warm
             self._procs[warm.process.sentinel] = warm  # reap it
-            self._wakeup.wake()
+            self._wake()
         return None
 
     def deliver(self, sends: Sends) -> None:
@@ -340,7 +346,7 @@ class WorkerPool:
                 self._report_outcome(handle, Failure(error=undeliverable))
             started = started or isinstance(message, Job)
         if started:
-            self._wakeup.wake()
+            self._wake()
 
     def _report_outcome(self, handle: Handle, outcome: Result | Failure) -> None:
         """The turn's outcome is known: end the handle (the process exits by itself) and tell
@@ -349,7 +355,7 @@ class WorkerPool:
             if handle.finished:
                 return
             self._finish_locked(handle, grace=REAP_GRACE_SECONDS)
-        self._wakeup.wake()
+        self._wake()
         self._report(self._listener.worker_message, handle, outcome)
 
     def _report(self, callback: Callable[..., None], handle: Handle, *args: Any) -> None:
@@ -392,7 +398,7 @@ class WorkerPool:
         try:
             self._spawn_forever()
         finally:
-            self._wakeup.wake()
+            self._wake()
 
     def _spawn_forever(self) -> None:
         while True:
@@ -427,14 +433,16 @@ class WorkerPool:
                     self._report_outcome(handle, Failure(error=error or "Could not start a worker process"))
                 continue
             with self._lock:
-                if self._stopped:
+                stopped = self._stopped
+                if stopped:
                     self._procs[warm.process.sentinel] = warm
                     sends: Sends = []
                 else:
                     self._warm.append(warm)
                     sends = self._pump_locked()
-            self.deliver(sends)
-            self._wakeup.wake()
+            self.deliver(sends)  # wakes the manager if a job went out
+            if stopped:
+                self._wake()  # it closes what was started too late
 
     def _start_failed_locked(self) -> list[Handle]:
         """A process could not be started: every job waiting for one fails now (the caller
@@ -489,7 +497,7 @@ class WorkerPool:
                     readers[item.conn] = item
             sentinels = dict(self._procs)
             timeout = self._next_deadline_locked()
-        ready = wait([*readers, *sentinels, self._wakeup.reader], timeout)
+        ready = _wait_readable([*readers, *sentinels, self._wakeup.reader], timeout)
         for obj in ready:
             if obj is self._wakeup.reader:
                 self._wakeup.drain()
@@ -606,3 +614,15 @@ class WorkerPool:
                     item.kill_at = None
         for process in to_kill:
             process.kill_group()
+
+
+def _wait_readable(objects: list[Any], timeout: float | None) -> list[Any]:
+    """The objects (connections, or descriptors as ints) that are readable or closed, waiting
+    up to ``timeout`` seconds (None: no limit). ``multiprocessing.connection.wait`` does the
+    same with a new selector per call; the manager calls this several times a turn."""
+    by_fd = {obj if isinstance(obj, int) else obj.fileno(): obj for obj in objects}
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
+    return [by_fd[fd] for fd, _ in events]

@@ -83,6 +83,11 @@ class _Sender(Protocol):
     async def send_and_wait_ack(self, record: Record) -> None: ...
 
 
+#: ``json.dumps(value, sort_keys=True, ensure_ascii=False)``, built once (see
+#: ``interrupt._STRICT_JSON``).
+_SORTED_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
+
+
 def digest(value: Any) -> str:
     """A key for inputs that is the same in every process: JSON with sorted keys (pydantic
     models and dataclasses by their fields); an object with no data form counts by its
@@ -90,7 +95,7 @@ def digest(value: Any) -> str:
     from pydantic_core import to_jsonable_python
 
     data = to_jsonable_python(value, fallback=lambda obj: f"<{type(obj).__module__}.{type(obj).__qualname__}>")
-    text = json.dumps(data, sort_keys=True, ensure_ascii=False)
+    text = _SORTED_JSON.encode(data)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
@@ -99,7 +104,7 @@ def canonical_payload(payload: dict[str, Any]) -> str:
     lone surrogate (half an emoji, which a client can send as ``\\ud800``) is written as its
     JSON escape, so the key is valid UTF-8 that every store can hold; any other text gives
     the same key as before, so journals written earlier still match on replay."""
-    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(payload, sort_keys=True, ensure_ascii=False))
+    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", _SORTED_JSON.encode(payload))
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

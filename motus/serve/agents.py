@@ -11,7 +11,7 @@ Shapes (serving-api.md):
 
 ``load_agent`` is called twice on purpose: once by the server at start-up, so a bad path is
 a clear error before anything listens, and once inside each worker process, which runs the
-turn (the agent module is preloaded in the forkserver, so that second import is free).
+turn (the agent module is already loaded in the fork server, so that second import is free).
 
 An agent given as an object (``AgentServer(agent_fn=my_agent)``) reaches the workers
 pickled: :func:`agent_blob` pickles it once, when the server is built, so an agent that

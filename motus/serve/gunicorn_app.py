@@ -7,7 +7,7 @@ workers.
 
 Guarantees:
 
-- The agent server (its pool, threads and forkserver) is created and started in the worker
+- The agent server (its pool, threads and fork server) is created and started in the worker
   process after gunicorn forks it (``load`` and ``post_worker_init``), never in the arbiter.
 - On SIGTERM the worker first releases every long poll (so gunicorn's graceful stop does not
   wait for them), then, when gunicorn has finished the in-flight requests, ``worker_exit``

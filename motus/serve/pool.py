@@ -369,8 +369,8 @@ class WorkerPool:
     def _should_spawn_locked(self) -> tuple[bool, float | None]:
         """Start a process now? Otherwise, how long to wait before asking again.
 
-        Starting a process costs about a millisecond of this process' time (under the GIL)
-        and several more of CPU in the forkserver and the child, which on a small machine
+        Starting a process costs this process a little of its time (under the GIL) and
+        several milliseconds of CPU in the fork server and the child, which on a small machine
         slows the turn that is running. So: refill at once only below the low-water mark
         (a burst could find no process) or when a launched job waits for one; otherwise wait
         until no turn has been running code for ``REFILL_IDLE_SECONDS``.

@@ -3,7 +3,7 @@
 It owns one ``Store`` (``--store``), one ``Events``, one ``Turns`` (every session and the
 state machine of its turn), one ``WorkerPool`` and one ``WebhookSender``. Nothing starts in
 ``__init__``: the store is opened, sessions are recovered from it, and the pool, its threads
-and the forkserver start in ``start()``, called eagerly by the process that serves (after
+and the fork server start in ``start()``, called eagerly by the process that serves (after
 gunicorn forks its worker) or lazily by the first request, never in a process that merely
 imports the app.
 """
@@ -196,8 +196,8 @@ class AgentServer:
             replays = self.turns.recover()
             # The keys were read when this server was built. Agents must not see them: a
             # tool that prints its environment would leak what approves tool calls. Worker
-            # processes inherit this process' environment through the forkserver, which
-            # starts with the pool below.
+            # processes inherit this process' environment through the fork server, which
+            # the pool below starts.
             os.environ.pop(API_KEY_ENV_VAR, None)
             os.environ.pop(WEBHOOK_SECRET_ENV_VAR, None)
             os.environ.pop(STORE_ENV_VAR, None)  # a database URL with its password: whoever writes there answers interrupts

@@ -1,7 +1,8 @@
 """The code that runs inside a worker process: one process, one turn.
 
-A worker is started ahead of need (warm) by the pool, loads the agent (already imported in
-the forkserver, so this is cheap), then blocks on its pipe until the pool hands it exactly
+A worker is started ahead of need (warm) by the pool with the agent already loaded (forked
+from the zygote, which loaded it once; a ``multiprocessing`` worker loads it itself, an import
+its forkserver has already done), then blocks on its pipe until the pool hands it exactly
 one ``Job``. It runs the turn on a fresh asyncio loop, with ``interrupt()`` wired to the
 pipe, sends one ``Result`` or ``Failure`` and exits. A worker whose pipe reaches EOF before
 a job arrives (the pool is shutting down, or the server died) exits quietly.

@@ -19,7 +19,7 @@ in a temporary folder, loopback HTTP; timed calls use ``http.client`` with keep-
    resumed by 16 client threads; the clock runs until ``/health`` shows no live or parked
    turn, and ``GET /sessions`` is checked to show every session ``idle``. Targets: tree under
    400 MiB, all resumed to idle within 90 s. Also where the CPU went in each phase, by
-   process (exited agent workers count through the forkserver that reaped them), and how
+   process (exited agent workers count through the fork server that reaped them), and how
    much went to anything else on the machine: a concurrent test run slows every figure.
 2. Latency, one sample at a time with 50 ms between samples (a person): resume of a parked
    turn (``--park-after 0``, replayed in a fresh process) until a long poll sees ``idle``;
@@ -65,7 +65,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_bench import free_port, ms, pct  # noqa: E402
+from bench.serve_bench import free_port, is_fork_server, ms, pct  # noqa: E402
 
 AGENT = "bench.agents:approve_once"
 CLIENT_THREADS = 16
@@ -293,11 +293,6 @@ def _cmd(proc: psutil.Process) -> str:
         return "?"
 
 
-def _is_fork_server(cmd: str) -> bool:
-    """motus' zygote, or multiprocessing's forkserver (``MOTUS_WORKER_START=multiprocessing``)."""
-    return "forkserver" in cmd or "motus-zygote" in cmd
-
-
 def _role(proc: psutil.Process, arbiter: int) -> str:
     if proc.pid == arbiter:
         return "gunicorn arbiter"
@@ -307,9 +302,9 @@ def _role(proc: psutil.Process, arbiter: int) -> str:
         parent_cmd = " ".join(parent.cmdline()) if parent else ""
     except psutil.Error:
         return "?"
-    if _is_fork_server(parent_cmd):
+    if is_fork_server(parent_cmd):
         return "agent worker (warm or live)"
-    if _is_fork_server(cmd):
+    if is_fork_server(cmd):
         return "forkserver"
     if "resource_tracker" in cmd:
         return "resource tracker"

@@ -258,7 +258,7 @@ class Meter:
     """CPU seconds of each instance's process tree, of PostgreSQL (the postmaster and its
     backends), of this benchmark and of anything else on the machine between two snapshots.
     A live process counts its own time and that of the children it reaped (agent workers
-    through the forkserver, ended backends through the postmaster)."""
+    through the fork server, ended backends through the postmaster)."""
 
     def __init__(self, instances: list[Instance], cluster: Cluster) -> None:
         self.instances = instances

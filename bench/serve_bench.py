@@ -41,6 +41,11 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 
 
+
+def is_fork_server(cmd: str) -> bool:
+    """motus' zygote, or multiprocessing's forkserver (``MOTUS_WORKER_START=multiprocessing``)."""
+    return "forkserver" in cmd or "motus-zygote" in cmd
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -107,11 +112,11 @@ class Served:
         return r.json()
 
     def workers(self) -> list[psutil.Process]:
-        """Worker processes: children of the forkserver (which is excluded itself)."""
+        """Worker processes: children of the fork server (which is excluded itself)."""
         found = []
         for proc in psutil.Process(self.process.pid).children(recursive=True):
             try:
-                if proc.status() != psutil.STATUS_ZOMBIE and "forkserver" in " ".join(proc.parent().cmdline()):
+                if proc.status() != psutil.STATUS_ZOMBIE and is_fork_server(" ".join(proc.parent().cmdline())):
                     found.append(proc)
             except psutil.Error:
                 pass

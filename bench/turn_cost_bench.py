@@ -11,8 +11,8 @@ What it measures (issue 15's targets, on the default store, a SQLite file in a t
 1. Throughput and CPU: ``--workers 2``, 8 client threads, each running echo turns back to
    back on its own session (``POST /messages``, then a long poll that sees ``idle``; a new
    session every 50 turns so the history stays short). Turns completed per second, and the
-   CPU seconds the whole server tree spent (gunicorn arbiter and worker, forkserver, agent
-   workers; exited workers count through the forkserver that reaped them) divided by the
+   CPU seconds the whole server tree spent (gunicorn arbiter and worker, fork server, agent
+   workers; exited workers count through the fork server that reaped them) divided by the
    turns: CPU per turn. Where the CPU went, by process, is printed too. Targets: at least
    250 turns a second; at most 7 ms of CPU per turn.
 2. Latency: one client, 50 ms between turns: echo turn p50 (target under 4 ms).

@@ -28,7 +28,10 @@ Guarantees:
 - A child is known to the server by a pidfd: waiting on it, testing it and killing it can
   never reach another process, even after the pid is reused.
 - When a child exits, the zygote kills the rest of its process group *before* reaping it: the
-  group id is still held by the zombie, so the signal cannot reach an unrelated group.
+  group id is still held by the zombie, so the signal cannot reach an unrelated group. If the
+  zygote itself is gone, the pool kills the group (``Child.kill_group``).
+- The zygote runs in its own session, so a signal to the server's process group does not end
+  it before the workers whose groups it must end.
 - The zygote ends when the server closes the control socket or dies (EOF). Children it
   leaves behind end themselves: their job pipe reaches EOF.
 - One thread at a time calls ``start_child`` (the pool's spawner); ``interrupt`` and
@@ -38,6 +41,7 @@ Guarantees:
 from __future__ import annotations
 
 import gc
+import math
 import os
 import pickle
 import select
@@ -49,6 +53,7 @@ import threading
 import time
 import traceback
 from multiprocessing import spawn
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -83,35 +88,60 @@ class Child:
     ``close``. Guarded by the pool's lock like the rest of a handle.
     """
 
-    def __init__(self, pid: int, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int, zygote_alive: Callable[[], bool] = lambda: True) -> None:
         self.pid = pid
         self.sentinel = pidfd
+        self._zygote_alive = zygote_alive  # whether the zygote that forked it can still reap it
         self._closed = False
 
     def is_alive(self) -> bool:
-        if self._closed:
-            return False
-        readable, _, _ = select.select([self.sentinel], [], [], 0)
-        return not readable
+        return not self._closed and not _readable(self.sentinel, 0)
 
     def join(self, timeout: float | None = None) -> None:
         if not self._closed:
-            select.select([self.sentinel], [], [], timeout)
+            _readable(self.sentinel, timeout)
 
     def kill_group(self, only_group: bool = False) -> None:
-        """SIGKILL the process; the zygote then kills the rest of its group when it reaps
-        it. ``only_group`` (the process has already exited) has nothing left to do here."""
-        if self._closed or only_group:
+        """SIGKILL the process and its group.
+
+        While the process lives, its pid is its group's id, so ``killpg`` cannot reach
+        another group. After it exited (``only_group``), its zygote kills what is left of
+        the group before reaping it; if that zygote is gone (killed), the group is killed
+        here, as ``multiprocessing``'s processes are: the group id cannot be reused while a
+        member of the group lives, so at worst the signal finds no one.
+        """
+        if self._closed:
             return
+        if only_group:
+            if not self._zygote_alive():
+                _kill_group_quietly(self.pid)
+            return
+        if self.is_alive():
+            _kill_group_quietly(self.pid)
         try:
-            signal.pidfd_send_signal(self.sentinel, signal.SIGKILL)
+            signal.pidfd_send_signal(self.sentinel, signal.SIGKILL)  # not in its group yet?
         except ProcessLookupError:
-            pass  # it has exited; the zygote reaps it and ends its group
+            pass  # it has exited: its zygote (or the line above) ends its group
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             os.close(self.sentinel)
+
+
+def _kill_group_quietly(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # no one is left in the group
+
+
+def _readable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` is readable (or closed) within ``timeout`` seconds (None: no limit).
+    ``poll``, not ``select``: a busy server's descriptors go past 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
 
 
 class Zygote:
@@ -131,22 +161,33 @@ class Zygote:
             return self._proc.pid if self._proc is not None else None
 
     def start_child(self) -> tuple[Child, Connection]:
-        """A fresh worker process and the server's end of its job pipe (spawner thread only)."""
-        ctl = self._running()
-        try:
-            ctl.settimeout(FORK_TIMEOUT_SECONDS)
-            ctl.sendall(b"F")
-            message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
-        except OSError as exc:
-            self._discard()
-            raise ZygoteError(f"the worker zygote stopped answering ({type(exc).__name__}: {exc})") from None
-        if not message or len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            detail = message.decode(errors="replace") if message else "it exited"
-            self._discard()
-            raise ZygoteError(f"the worker zygote could not start a process: {detail}")
-        return Child(int(message), fds[1]), Connection(fds[0])
+        """A fresh worker process and the server's end of its job pipe (spawner thread only).
+
+        A zygote that had been running and is found dead now (killed, or its agent killed
+        it) made no child for this request: a new zygote is started and asked once more, so
+        the turn waiting for a process does not fail for it."""
+        for attempt in (1, 2):
+            ctl, proc, fresh = self._running()
+            try:
+                ctl.settimeout(FORK_TIMEOUT_SECONDS)
+                ctl.sendall(b"F")
+                message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
+            except OSError as exc:
+                self._discard()
+                if attempt == 1 and not fresh and not self._closing():
+                    continue
+                raise ZygoteError(f"the worker zygote stopped answering ({type(exc).__name__}: {exc})") from None
+            if not message and attempt == 1 and not fresh and not self._closing():
+                self._discard()
+                continue  # it had died: no child was made
+            if not message or len(fds) != 2:
+                for fd in fds:
+                    os.close(fd)
+                detail = message.decode(errors="replace") if message else "it exited"
+                self._discard()
+                raise ZygoteError(f"the worker zygote could not start a process: {detail}")
+            return Child(int(message), fds[1], lambda: proc.poll() is None), Connection(fds[0])
+        raise AssertionError("unreachable")  # the second attempt returns or raises
 
     def interrupt(self) -> None:
         """Refuse new starts and wake a start that is waiting (any thread)."""
@@ -165,21 +206,33 @@ class Zygote:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _running(self) -> socket.socket:
+    def _closing(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def _running(self) -> tuple[socket.socket, subprocess.Popen[bytes], bool]:
+        """The control socket and process of a ready zygote, and whether it was started
+        just now."""
         with self._lock:
             if self._closed:
                 raise ZygoteError("the pool is closing")
             if self._ctl is not None and self._proc is not None and self._proc.poll() is None:
-                return self._ctl
+                return self._ctl, self._proc, False
         self._discard()
-        return self._launch()
+        ctl, proc = self._launch()
+        return ctl, proc, True
 
-    def _launch(self) -> socket.socket:
+    def _launch(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = dict(self._config, sys_path=list(sys.path), ctl_fd=theirs.fileno())
         command = [spawn.get_executable(), *subprocess._args_from_interpreter_flags(), "-c", _BOOTSTRAP, "motus-zygote"]  # type: ignore[attr-defined]
         try:
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, pass_fds=[theirs.fileno()], close_fds=True)
+            # Its own session: a signal to the server's process group (Ctrl-C, a supervisor's
+            # SIGTERM, kill -9 of the group) must not end it before the server's workers,
+            # whose groups it kills when they exit; it ends when the server closes the socket.
+            proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, pass_fds=[theirs.fileno()], close_fds=True, start_new_session=True
+            )
         except BaseException:
             ours.close()
             raise
@@ -204,7 +257,7 @@ class Zygote:
             self._discard()
             code = proc.returncode
             raise ZygoteError(f"the worker zygote exited during start-up (exit code {code})")
-        return ours
+        return ours, proc
 
     def _discard(self, timeout: float = 1.0) -> None:
         """Forget the zygote: close our end (it sees EOF and exits) and reap it."""
@@ -251,12 +304,15 @@ def main(config: dict[str, Any]) -> None:
     except OSError:
         return  # the server gave up on us (it is shutting down): nothing to serve
     children: set[int] = set()  # forked and not yet reaped
+    poller = select.poll()  # not select(): the descriptors it inherited may be past 1024
+    poller.register(ctl.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while True:
-        readable, _, _ = select.select([ctl, wake_r], [], [])
-        if wake_r in readable:
+        ready = {fd for fd, _ in poller.poll()}
+        if wake_r in ready:
             _drain(wake_r)
             _reap(children)
-        if ctl in readable:
+        if ctl.fileno() in ready:
             try:
                 request = ctl.recv(16)
             except OSError:
@@ -279,7 +335,7 @@ def _end_children(children: set[int], wake_r: int) -> None:
     deadline = time.monotonic() + EXIT_GRACE_SECONDS + 0.5
     _reap(children)
     while children and time.monotonic() < deadline:
-        select.select([wake_r], [], [], max(0.0, deadline - time.monotonic()))
+        _readable(wake_r, max(0.0, deadline - time.monotonic()))
         _drain(wake_r)
         _reap(children)
     for pid in children:
@@ -305,6 +361,10 @@ def _fork(ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str
         _child(theirs, ctl, wake, agent, load_error)  # never returns
     theirs.close()
     children.add(pid)
+    try:
+        os.setpgid(pid, pid)  # as the child does first: whichever runs first closes the window
+    except OSError:
+        pass  # the child got there first (or has exited): its group is settled
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as exc:

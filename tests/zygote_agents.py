@@ -1,0 +1,153 @@
+"""Agents served by ``tests/integration/serve/test_zygote.py`` (imported by the server
+subprocess as ``tests.zygote_agents:agent``). The first word of the message picks what the
+turn does, the second (``TAG``) names the file in ``$ZYGOTE_SANDBOX`` where it writes the pid
+of anything it leaves behind (``TAG.pid``; a ``sleep`` it starts also gets its worker's pid
+in ``TAG-worker.pid``), so a test can check that process is gone:
+
+- ``echo TEXT``: replies ``echo: TEXT``;
+- ``spawn TAG``: starts ``sleep 300`` (same process group), replies;
+- ``fork TAG``: ``os.fork()``s a child that sleeps, replies;
+- ``hold TAG``: forks a child that sleeps holding the job pipe (it inherits every
+  descriptor), replies, so the leader exits while the pipe is still open;
+- ``spawn_hang TAG``: starts ``sleep 300``, then waits for ever (delete, timeout);
+- ``spawn_wait TAG``: starts ``sleep 300``, then waits on an interrupt (park, delete);
+- ``busy TAG``: starts ``sleep 300``, then blocks its event loop for up to five minutes (a
+  synchronous call that never yields: only a kill ends it);
+- ``kill_parent TAG``: optionally starts ``sleep 300`` (``TAG`` not ``-``), then SIGKILLs its
+  parent if that is a zygote (a worker whose zygote died has init for a parent) and replies
+  with the parent's pid;
+- ``close_std``: closes descriptors 0, 1 and 2, then replies;
+- ``close_all``: closes every descriptor (the job pipe too), then replies;
+- ``close_stdout``: ``sys.stdout.close()``, then prints and replies;
+- ``print``: writes a lot to stdout and stderr, then replies;
+- ``pgid``: replies with its pid, process group and parent;
+- ``fds``: replies with what each of its descriptors is, ``fd=target`` per line.
+
+At import, only in the zygote (``sys.argv`` ends with ``motus-zygote``; the server imports
+the agent too, to check its path), ``$ZYGOTE_IMPORT`` picks a misbehaviour: ``fail`` (raise),
+``exit`` (``sys.exit(3)``), ``sleep`` (``$ZYGOTE_IMPORT_SLEEP`` seconds, default 3),
+``print`` (to stdout and stderr) or ``close_stdout`` (``sys.stdout.close()`` and close fd 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from motus.models import ChatMessage
+from motus.serve.interrupt import interrupt
+
+IN_ZYGOTE = sys.argv[-1:] == ["motus-zygote"]
+
+if IN_ZYGOTE:
+    _misbehaviour = os.environ.get("ZYGOTE_IMPORT", "")
+    if _misbehaviour == "fail":
+        raise RuntimeError("this agent refuses to be imported in the zygote")
+    if _misbehaviour == "exit":
+        sys.exit(3)
+    if _misbehaviour == "sleep":
+        time.sleep(float(os.environ.get("ZYGOTE_IMPORT_SLEEP", "3")))
+    if _misbehaviour == "print":
+        print("zygote-agent-import: hello on stdout", flush=True)
+        print("zygote-agent-import: hello on stderr", file=sys.stderr, flush=True)
+    if _misbehaviour == "close_stdout":
+        sys.stdout.close()
+        os.close(1)
+
+
+def _record(tag: str, pid: int) -> None:
+    sandbox = Path(os.environ["ZYGOTE_SANDBOX"])
+    path = sandbox / f"{tag}.pid"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(str(pid))
+    temporary.rename(path)  # a reader never sees a half-written pid
+
+
+def _spawn(tag: str) -> int:
+    _record(f"{tag}-worker", os.getpid())
+    process = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, close_fds=False)
+    _record(tag, process.pid)
+    return process.pid
+
+
+def _fork_sleeper(tag: str) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            time.sleep(300)
+        finally:
+            os._exit(0)
+    _record(tag, pid)
+    return pid
+
+
+def _reply(message: ChatMessage, state: list[ChatMessage], text: str):
+    response = ChatMessage.assistant_message(content=text)
+    return response, state + [message, response]
+
+
+async def agent(message: ChatMessage, state: list[ChatMessage]):
+    word, _, rest = (message.content or "").partition(" ")
+    tag = rest.strip() or "bg"
+    if word == "spawn":
+        return _reply(message, state, f"spawned {_spawn(tag)}")
+    if word in ("fork", "hold"):
+        return _reply(message, state, f"forked {_fork_sleeper(tag)}")
+    if word == "spawn_hang":
+        _spawn(tag)
+        await asyncio.Event().wait()
+    if word == "spawn_wait":
+        _spawn(tag)
+        value = await interrupt({"type": "wait"})
+        return _reply(message, state, f"resumed {value!r}")
+    if word == "busy":
+        _spawn(tag)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.05)  # blocks the loop: the pipe is never read again
+        return _reply(message, state, "done")
+    if word == "kill_parent":
+        if tag != "-":
+            _spawn(tag)
+        parent = os.getppid()
+        with open(f"/proc/{parent}/cmdline", "rb") as handle:
+            command = handle.read().split(b"\0")
+        if b"motus-zygote" not in command:  # an orphan's parent is init: never signal that
+            return _reply(message, state, f"parent {parent} is not a zygote")
+        os.kill(parent, signal.SIGKILL)
+        return _reply(message, state, f"killed {parent}")
+    if word == "close_std":
+        for fd in (0, 1, 2):
+            os.close(fd)
+        return _reply(message, state, "closed 0-2")
+    if word == "close_all":
+        os.closerange(0, 65536)
+        return _reply(message, state, "closed everything")
+    if word == "close_stdout":
+        sys.stdout.close()
+        try:
+            print("after close")
+        except ValueError:
+            pass
+        return _reply(message, state, "stdout closed")
+    if word == "print":
+        for n in range(2000):
+            print(f"agent stdout line {n}")
+            print(f"agent stderr line {n}", file=sys.stderr)
+        return _reply(message, state, "printed")
+    if word == "fds":
+        lines = []
+        for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+            try:
+                lines.append(f"{fd}={os.readlink(f'/proc/self/fd/{fd}')}")
+            except OSError:
+                continue  # the descriptor listdir itself used
+        return _reply(message, state, "\n".join(lines))
+    if word == "pgid":
+        return _reply(message, state, f"{os.getpid()} {os.getpgrp()} {os.getppid()}")
+    return _reply(message, state, f"echo: {rest}")

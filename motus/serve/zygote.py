@@ -40,6 +40,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -53,7 +54,7 @@ import threading
 import time
 import traceback
 from multiprocessing import spawn
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -116,6 +117,14 @@ class Child:
             if not self._zygote_alive():
                 _kill_group_quietly(self.pid)
             return
+        try:
+            # Linux 6.9+: the group of exactly this process, with no window at all.
+            signal.pidfd_send_signal(self.sentinel, signal.SIGKILL, None, _PIDFD_SIGNAL_PROCESS_GROUP)
+            return
+        except ProcessLookupError:
+            return  # it has exited: its zygote (or ``only_group`` above) ends its group
+        except OSError:
+            pass  # an older kernel (EINVAL): by its pid, which it holds while it lives
         if self.is_alive():
             _kill_group_quietly(self.pid)
         try:
@@ -127,6 +136,10 @@ class Child:
         if not self._closed:
             self._closed = True
             os.close(self.sentinel)
+
+
+#: ``PIDFD_SIGNAL_PROCESS_GROUP`` (linux/pidfd.h): signal the process group of the pidfd's process.
+_PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
 
 
 def _kill_group_quietly(pgid: int) -> None:
@@ -292,8 +305,9 @@ def main(config: dict[str, Any]) -> None:
     os.dup2(devnull, 0)  # the config pipe is done with; children must not hold it
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's business
-    agent, load_error = worker.load(config["agent_path"], config["agent_blob"])
-    worker.rehearse()
+    with _exit_if_abandoned(ctl):
+        agent, load_error = worker.load(config["agent_path"], config["agent_blob"])
+        worker.rehearse()
     gc.collect()
     gc.freeze()  # what the children inherit is never traversed by their collections
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -345,6 +359,29 @@ def _end_children(children: set[int], wake_r: int) -> None:
             os.kill(pid, signal.SIGKILL)  # it had not made its own group yet
     for pid in list(children):
         os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _exit_if_abandoned(ctl: socket.socket) -> Iterator[None]:
+    """While the agent loads (which may take long, or hang), exit as soon as the server
+    closes the control socket or dies: nothing is sent on it before ``ready``, so any event
+    on it means that. A thread watches, and is joined before the first fork."""
+    done = threading.Event()
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(ctl.fileno(), select.POLLIN)
+        while not done.is_set():
+            if poller.poll(100):
+                os._exit(0)  # abandoned: there is no one to serve
+
+    watcher = threading.Thread(target=watch, name="motus-zygote-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _fork(ctl: socket.socket, wake: tuple[int, int], agent: Any, load_error: str | None, children: set[int]) -> None:

@@ -10,10 +10,11 @@ the server, nothing is logged as a 500, and descriptors and zombies do not pile 
 The agent is ``tests.zygote_agents:agent`` (the first word of a message picks what the turn
 does; processes it leaves behind write their pid to ``$ZYGOTE_SANDBOX/<tag>.pid``).
 
-Five of these found bugs, all fixed: a dead zygote's workers left their groups behind; a turn
+These tests found five bugs, all fixed: a dead zygote's workers left their groups behind; a turn
 waiting for a process failed when the zygote died; the zygote shared the server's process
 group, so a signal to the group killed it before the workers it had to clean up after;
-``select()`` on pidfds past 1024 killed the spawner.
+``select()`` on pidfds past 1024 killed the spawner; a zygote still loading the agent
+outlived a dead server.
 Out of scope (not tested): an agent that escapes its process group with ``os.setsid()``
 (nothing but a cgroup could find it).
 """
@@ -454,7 +455,7 @@ def test_server_group_killed_with_9_leaves_no_worker(start_server: StartServer, 
     server.send(session_id, "busy busy")
     left = recorded(sandbox, "busy")
     zygote = the_zygote(server, warm=None)
-    doomed = [*zygote.children(recursive=True), left]
+    doomed = [zygote, *zygote.children(recursive=True), left]
     os.killpg(server.process.pid, signal.SIGKILL)  # the terminal's or a supervisor's kill -9 of the job
     server.process.wait(10)
     assert_ended(doomed, timeout=4, what="workers after kill -9 of the server's process group")
@@ -465,9 +466,11 @@ def test_sigterm_to_the_server_group_ends_running_turns_groups(start_server: Sta
     session_id = server.create_session()
     server.send(session_id, "busy busy")
     left = recorded(sandbox, "busy")
+    zygote = the_zygote(server, warm=None)
+    doomed = [zygote, *zygote.children(recursive=True), left]
     os.killpg(server.process.pid, signal.SIGTERM)
     assert server.process.wait(20) == 0
-    assert_ended([left], timeout=3, what="the busy turn's background process after SIGTERM to the server's group")
+    assert_ended(doomed, timeout=3, what="the zygote, its children and the busy turn's background process after SIGTERM to the server's group")
 
 
 # -- 4. MOTUS_WORKER_START=multiprocessing ---------------------------------------------------
@@ -571,13 +574,6 @@ def test_sigterm_during_a_slow_zygote_start_up_is_prompt(start_server: StartServ
         assert "failed: Turn cancelled" in server.log()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a zygote still importing the agent when the server dies keeps running until the "
-    "import returns (for ever if it hangs): main() reads its control socket only after "
-    "worker.load() and rehearse(), and since it runs in its own session even kill -9 of the "
-    "server's process group no longer reaches it. Fix: watch the control socket during "
-    "start-up (e.g. PR_SET_PDEATHSIG, or a thread that polls it for POLLHUP and os._exit()s, "
-    "ended before the first fork)"))
 def test_server_killed_during_a_slow_zygote_start_up_takes_the_zygote_with_it(start_server: StartServer, sandbox: Path) -> None:
     server = start(start_server, sandbox, ZYGOTE_IMPORT="sleep", ZYGOTE_IMPORT_SLEEP="60")
     zygote = the_zygote(server, warm=0)  # started, importing the agent for a minute

@@ -153,11 +153,13 @@ _SERVERS: list[Served] = []
 class Served:
     """One ``python -m motus serve start`` subprocess, in a session of its own."""
 
-    def __init__(self, name: str, *args: str, agent: str = AGENT, port: int | None = None, settle: float = 0.5) -> None:
+    def __init__(
+        self, name: str, *args: str, agent: str = AGENT, port: int | None = None, settle: float = 0.5, log: str = "durable"
+    ) -> None:
         self.name = name
         self.port = port or free_port()
         self.args = args
-        self.log_path = ROOT / "bench" / f".durable-{name}.log"
+        self.log_path = ROOT / "bench" / f".{log}-{name}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.launched = time.perf_counter()
@@ -701,7 +703,7 @@ def bench_restart(n: int, tmp: Path) -> None:
             ("launch → first 200 from `GET /sessions/{id}` showing `interrupted` with the same interrupt id",
              f"{session_at * 1000:.0f} ms (same id: {same_probe})", ""),
             ("`/health` after the restart", f"sessions {health['total_sessions']}, parked {health['parked_turns']}, live {health['live_turns']}", f"{n} parked"),
-            (f"sessions showing the same interrupt id after the restart", f"{same} of {n}", f"{n}"),
+            ("sessions showing the same interrupt id after the restart", f"{same} of {n}", f"{n}"),
             ("resume one right after the restart → idle (the first turn: warm workers may still be starting)", f"{resume_idle * 1000:.1f} ms ({done['status']})", "idle"),
         ])
         second.stop()

@@ -81,7 +81,6 @@ import random
 import re
 import resource
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -99,7 +98,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import _SERVERS, Http, Served, kill_all, machine_busy, table  # noqa: E402
-from bench.serve_bench import free_port, ms, pct  # noqa: E402
+from bench.serve_bench import ms, pct  # noqa: E402
 from tests.pg import Cluster  # noqa: E402
 
 WAKE_AGENT = "bench.agents:approve_once"
@@ -117,24 +116,7 @@ class Instance(Served):
     log in ``bench/.instances-<name>.log``."""
 
     def __init__(self, name: str, agent: str, *args: str, settle: float = 0.5) -> None:  # noqa: D107
-        self.name = name
-        self.port = free_port()
-        self.args = args
-        self.log_path = ROOT / "bench" / f".instances-{name}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.launched = time.perf_counter()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "motus", "serve", "start", agent, "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning", "--no-ui", *args],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        _SERVERS.append(self)
-        self.seen: dict[int, psutil.Process] = {}
-        self.health_at = self.wait_health() - self.launched
-        self.http = Http(self.port)
-        if settle:
-            time.sleep(settle)
+        super().__init__(name, "--host", "127.0.0.1", *args, agent=agent, settle=settle, log="instances")
 
 
 def start_instances(names: Iterable[str], agent: str, *args: str) -> list[Instance]:

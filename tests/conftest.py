@@ -263,6 +263,14 @@ def stop_all(servers: list[Server]) -> None:
 
 
 @pytest.fixture
+def sandbox(tmp_path: Path) -> Path:
+    """An empty folder for what a test's agents write (files they touch, pids they record)."""
+    path = tmp_path / "sandbox"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """Factory: ``start_server("tests.agents:echo", "--workers", "2", env={...})``."""
     with server_factory(tmp_path) as start:

@@ -20,7 +20,6 @@ import socket
 import time
 from typing import Any
 
-import click
 from flask.cli import AppGroup
 
 from motus.serve.cli import (

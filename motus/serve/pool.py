@@ -48,10 +48,8 @@ except ``conn`` writes (``send_lock``) and ``recv``/``close`` (manager thread on
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import queue
-import select
 import threading
 import time
 from collections import deque
@@ -64,6 +62,7 @@ from motus.serve.errors import ServerUnavailable
 from motus.serve.interrupt import EXIT_GRACE_SECONDS
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.processes import WorkerProcess, launcher
+from motus.serve.zygote import wait_readable
 from motus.serve.protocol import Failure, Job, Result
 
 log = logging.getLogger(__name__)
@@ -497,7 +496,7 @@ class WorkerPool:
                     readers[item.conn] = item
             sentinels = dict(self._procs)
             timeout = self._next_deadline_locked()
-        ready = _wait_readable([*readers, *sentinels, self._wakeup.reader], timeout)
+        ready = wait_readable([*readers, *sentinels, self._wakeup.reader], timeout)
         for obj in ready:
             if obj is self._wakeup.reader:
                 self._wakeup.drain()
@@ -614,15 +613,3 @@ class WorkerPool:
                     item.kill_at = None
         for process in to_kill:
             process.kill_group()
-
-
-def _wait_readable(objects: list[Any], timeout: float | None) -> list[Any]:
-    """The objects (connections, or descriptors as ints) that are readable or closed, waiting
-    up to ``timeout`` seconds (None: no limit). ``multiprocessing.connection.wait`` does the
-    same with a new selector per call; the manager calls this several times a turn."""
-    by_fd = {obj if isinstance(obj, int) else obj.fileno(): obj for obj in objects}
-    poller = select.poll()
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
-    return [by_fd[fd] for fd, _ in events]

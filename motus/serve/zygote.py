@@ -149,12 +149,21 @@ def _kill_group_quietly(pgid: int) -> None:
         pass  # no one is left in the group
 
 
-def _readable(fd: int, timeout: float | None) -> bool:
-    """Whether ``fd`` is readable (or closed) within ``timeout`` seconds (None: no limit).
-    ``poll``, not ``select``: a busy server's descriptors go past 1024."""
+def wait_readable(objects: list[Any], timeout: float | None) -> list[Any]:
+    """The objects (connections, or descriptors as ints) that are readable or closed, waiting
+    up to ``timeout`` seconds (None: no limit). ``poll``, not ``select``: a busy server's
+    descriptors go past 1024; and not ``multiprocessing.connection.wait``, which builds a
+    new selector per call (the pool's manager calls this several times a turn)."""
+    by_fd = {obj if isinstance(obj, int) else obj.fileno(): obj for obj in objects}
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
+    return [by_fd[fd] for fd, _ in events]
+
+
+def _readable(fd: int, timeout: float | None) -> bool:
+    return bool(wait_readable([fd], timeout))
 
 
 class Zygote:
@@ -181,25 +190,24 @@ class Zygote:
         the turn waiting for a process does not fail for it."""
         for attempt in (1, 2):
             ctl, proc, fresh = self._running()
+            error: OSError | None = None
             try:
                 ctl.settimeout(FORK_TIMEOUT_SECONDS)
                 ctl.sendall(b"F")
                 message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
             except OSError as exc:
-                self._discard()
-                if attempt == 1 and not fresh and not self._closing():
-                    continue
-                raise ZygoteError(f"the worker zygote stopped answering ({type(exc).__name__}: {exc})") from None
+                message, fds, error = b"", [], exc
+            if message and len(fds) == 2:
+                return Child(int(message), fds[1], lambda: proc.poll() is None), Connection(fds[0])
+            for fd in fds:
+                os.close(fd)
+            self._discard()
             if not message and attempt == 1 and not fresh and not self._closing():
-                self._discard()
-                continue  # it had died: no child was made
-            if not message or len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                detail = message.decode(errors="replace") if message else "it exited"
-                self._discard()
-                raise ZygoteError(f"the worker zygote could not start a process: {detail}")
-            return Child(int(message), fds[1], lambda: proc.poll() is None), Connection(fds[0])
+                continue  # it had died (no answer, or EOF): no child was made
+            if error is not None:
+                raise ZygoteError(f"the worker zygote stopped answering ({type(error).__name__}: {error})")
+            detail = message.decode(errors="replace") if message else "it exited"
+            raise ZygoteError(f"the worker zygote could not start a process: {detail}")
         raise AssertionError("unreachable")  # the second attempt returns or raises
 
     def interrupt(self) -> None:

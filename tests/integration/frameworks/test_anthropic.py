@@ -36,13 +36,6 @@ from tests.integration.frameworks.helpers import (  # noqa: E402
 APP = "tests.integration.frameworks.anthropic_app"
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
 def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path, *args: str, name: str = "runner") -> Server:
     return start_server(f"{APP}:{name}", *args, env=agent_env(sandbox, fake))
 

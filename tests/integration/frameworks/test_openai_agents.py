@@ -38,13 +38,6 @@ APP = "tests.integration.frameworks.openai_agents_app"
 AGENT = f"{APP}:agent"
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
 def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path, *args: str, agent: str = AGENT) -> Server:
     return start_server(agent, *args, env=agent_env(sandbox, fake))
 

@@ -39,13 +39,6 @@ APP = "tests.integration.frameworks.pydantic_ai_app"
 AGENT = f"{APP}:agent"
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
 def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path, *args: str) -> Server:
     return start_server(AGENT, *args, env=agent_env(sandbox, fake))
 

@@ -133,13 +133,6 @@ def approve(server: Server, session_id: str, **extra: object) -> dict:
     return item
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
 def env(sandbox: Path, **extra: str) -> dict[str, str]:
     return {"MOTUS_EXAMPLE_DIR": str(sandbox), **extra}
 

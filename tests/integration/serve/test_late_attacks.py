@@ -27,13 +27,6 @@ FRAMEWORK_AGENTS = [
 ]
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
 def _parked(server: Server) -> bool:
     health = server.get("/health").json()
     return health["parked_turns"] == 1 and health["live_turns"] == 0

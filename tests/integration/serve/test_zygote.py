@@ -48,13 +48,6 @@ StartServer = Callable[..., Server]
 # -- helpers -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Path:
-    path = tmp_path / "sandbox"
-    path.mkdir()
-    return path
-
-
 def agent_env(sandbox: Path, **extra: str) -> dict[str, str]:
     return {"ZYGOTE_SANDBOX": str(sandbox), **extra}
 
@@ -130,6 +123,18 @@ def the_zygote(server: Server, warm: int | None = WARM, other_than: int | None =
 def kill_and_wait(proc: psutil.Process, sig: int = signal.SIGKILL) -> None:
     proc.send_signal(sig)
     wait_until(lambda: not alive(proc), what=f"process {proc.pid} to die")
+
+
+def a_waiting_and_a_busy_turn(server: Server, sandbox: Path, tag: str) -> tuple[str, list[psutil.Process | None]]:
+    """Two live turns, each having started a background process: one interrupted (recorded
+    under ``tag``), one with its loop blocked (``busy``). Returns the busy session and the
+    two background processes."""
+    waiting = server.create_session()
+    server.send(waiting, f"spawn_wait {tag}")
+    interrupted(server, waiting)
+    busy = server.create_session()
+    server.send(busy, "busy busy")
+    return busy, [recorded(sandbox, tag), recorded(sandbox, "busy")]
 
 
 def recorded(sandbox: Path, tag: str, timeout: float = 10.0) -> psutil.Process | None:
@@ -321,12 +326,7 @@ def test_background_process_of_a_dead_zygotes_worker_ends_with_its_turn(
     server = start(start_server, sandbox, "--store", f"sqlite:///{tmp_path / 's.db'}", "--park-after", "0")
     kill_and_wait(the_zygote(server))
     # Both turns run in warm children of the dead zygote.
-    parked = server.create_session()
-    server.send(parked, "spawn_wait parked")
-    interrupted(server, parked)
-    busy = server.create_session()
-    server.send(busy, "busy busy")
-    left = [recorded(sandbox, "parked"), recorded(sandbox, "busy")]
+    busy, left = a_waiting_and_a_busy_turn(server, sandbox, "parked")
     workers = [recorded(sandbox, "parked-worker"), recorded(sandbox, "busy-worker")]
     wait_until(lambda: health(server)["parked_turns"] == 1, what="the waiting turn to be parked")
     assert server.delete(f"/sessions/{busy}").status_code == 204
@@ -419,12 +419,7 @@ def test_killed_serving_process_takes_the_zygote_and_every_worker_with_it(start_
     """kill -9 of the process that owns the pool: the zygote sees its control socket close,
     gives running children the cancel grace and kills their groups; warm children see EOF."""
     server = start(start_server, sandbox)
-    waiting = server.create_session()
-    server.send(waiting, "spawn_wait waiting")
-    interrupted(server, waiting)
-    busy = server.create_session()
-    server.send(busy, "busy busy")
-    left = [recorded(sandbox, "waiting"), recorded(sandbox, "busy")]
+    _, left = a_waiting_and_a_busy_turn(server, sandbox, "waiting")
     owner = serving(server)
     zygote = the_zygote(server, warm=None)
     doomed = [zygote, *zygote.children(recursive=True), *left]

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_approvals_workflow import env, ran, resume, sandbox, start  # noqa: F401 - sandbox is a fixture
+from tests.integration.serve.test_approvals_workflow import env, ran, resume, start
 
 HERE = "tests.integration.serve.test_approvals_attacks"
 CALLS = "tests.approval_agents:calls"

@@ -151,3 +151,114 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
     if word == "pgid":
         return _reply(message, state, f"{os.getpid()} {os.getpgrp()} {os.getppid()}")
     return _reply(message, state, f"echo: {rest}")
+
+
+# -- hostile imports for tests/integration/serve/test_rehearsal_attacks.py -------------------
+# At import, only in the zygote, ``$ZYGOTE_HOSTILE`` picks what the module does to the process
+# the zygote's rehearsal turn then runs in (the rehearsal runs after this import):
+# ``policy_subclass`` / ``policy_raises`` (an asyncio policy whose loops are a subclass / that
+# refuses to make loops), ``new_loop_raises`` (patches ``asyncio.new_event_loop``),
+# ``pickle_wrap`` / ``pickle_raises`` (patches ``pickle.dumps``), ``socketpair_wrap``,
+# ``uuid_const`` / ``uuid_raises`` / ``uuid_block`` (``uuid.uuid4`` never returns: the
+# rehearsal blocks), ``interrupt_sync`` / ``interrupt_async`` (replace
+# ``motus.serve.interrupt.interrupt``; the agent keeps the reference it imported above),
+# ``claim_hang`` (every interrupt's journal claim awaits forever: the rehearsal's pause never
+# reaches its answer), ``thread`` (a thread that keeps running), ``sigchld``,
+# ``sigalrm`` (a handler and a 2 ms interval timer), ``close_std`` (closes 0-2),
+# ``dup2_std`` (/dev/null over 0-2), ``recursion50``, ``debug_logging``.
+
+
+def _hostile_import(what: str) -> None:
+    import pickle
+    import socket
+    import threading
+    import uuid
+
+    import motus.serve.interrupt as interrupt_module
+
+    if what in ("policy_subclass", "policy_raises"):
+        class Loop(asyncio.SelectorEventLoop):
+            pass
+
+        class Policy(asyncio.DefaultEventLoopPolicy):
+            def new_event_loop(self):
+                if what == "policy_raises":
+                    raise RuntimeError("this policy makes no loops")
+                return Loop()
+
+        asyncio.set_event_loop_policy(Policy())
+    elif what == "new_loop_raises":
+        def new_event_loop():
+            raise RuntimeError("asyncio.new_event_loop is disabled")
+
+        asyncio.new_event_loop = new_event_loop
+    elif what in ("pickle_wrap", "pickle_raises"):
+        original = pickle.dumps
+
+        def dumps(obj, *args, **kwargs):
+            if what == "pickle_raises":
+                raise RuntimeError("pickle.dumps is disabled")
+            return original(obj, *args, **kwargs)
+
+        pickle.dumps = dumps
+    elif what == "socketpair_wrap":
+        original_pair = socket.socketpair
+        socket.socketpair = lambda *args, **kwargs: original_pair(*args, **kwargs)
+    elif what in ("uuid_const", "uuid_raises", "uuid_block"):
+        def uuid4():
+            if what == "uuid_raises":
+                raise RuntimeError("uuid4 is disabled")
+            if what == "uuid_block":
+                threading.Event().wait()
+            return uuid.UUID(int=7)
+
+        uuid.uuid4 = uuid4
+    elif what == "interrupt_sync":
+        interrupt_module.interrupt = lambda payload, **kwargs: {"auto": True}  # a sync auto-approve
+    elif what == "interrupt_async":
+        async def auto(payload, **kwargs):
+            return {"auto": True}
+
+        interrupt_module.interrupt = auto
+    elif what == "claim_hang":
+        from motus.serve.journal import Journal
+
+        async def never(self, kind, key, label):
+            await asyncio.Event().wait()
+
+        Journal.claim_async = never
+    elif what == "thread":
+        lock = threading.Lock()
+
+        def spin() -> None:
+            while True:
+                with lock:
+                    sum(range(1000))
+                time.sleep(0.001)
+
+        threading.Thread(target=spin, name="agent-import-spinner", daemon=True).start()
+    elif what == "sigchld":
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+    elif what == "sigalrm":
+        signal.signal(signal.SIGALRM, lambda *_: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+    elif what == "close_std":
+        for fd in (0, 1, 2):
+            os.close(fd)
+    elif what == "dup2_std":
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    elif what == "recursion50":
+        sys.setrecursionlimit(50)
+    elif what == "debug_logging":
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
+        asyncio_logger = logging.getLogger("asyncio")
+        asyncio_logger.setLevel(logging.DEBUG)
+
+
+if IN_ZYGOTE and os.environ.get("ZYGOTE_HOSTILE"):
+    _hostile_import(os.environ["ZYGOTE_HOSTILE"])

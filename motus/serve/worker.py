@@ -25,13 +25,16 @@ import os
 import pickle
 import signal
 import socket
+import time
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any
 
 from motus.models import ChatMessage
 from motus.serve import interrupt as interrupt_module
+from motus.serve.interrupt import interrupt as _interrupt  # taken now: an agent's import may replace the module's name
 from motus.serve.agents import check_turn_result, load_agent, run_agent_turn
 from motus.serve import journal as journal_module
 from motus.serve.journal import Journal
@@ -71,27 +74,31 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
     os.setpgrp()
     # Ctrl-C in a terminal is the server's business: it cancels turns itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    loop = asyncio.new_event_loop()
-    if forked_by_zygote:
+    try:
+        loop = asyncio.new_event_loop()
+    except Exception as exc:  # the agent's import broke asyncio: every turn says so, in one line
+        loop = None
+        load_error = load_error or f"Could not create the worker's event loop: {type(exc).__name__}: {exc}"
+    if loop is not None and forked_by_zygote:
         asyncio.set_event_loop(loop)
         # Every turn pickles at least its result, and the first pickle of a fresh child
         # copies the pages pickling writes to. Doing that while waiting for the job keeps
-        # it off the clock of the turn's first interrupt and of its result (measured:
-        # interrupt to long poll p50 ~1.9 -> ~1.6 ms, job to result ~0.25 ms sooner,
-        # for about 15 more page copies a turn).
-        pickle.dumps(_PICKLE_PRIMER, protocol=pickle.HIGHEST_PROTOCOL)
-    else:
+        # it off the turn's clock (measured: job to result ~0.25 ms sooner, for about 15
+        # more page copies a turn).
+        ForkingPickler.dumps(_PICKLE_PRIMER)  # what Connection.send uses
+    elif loop is not None:
         _warm_up(loop)
     try:
         job = conn.recv()
     except (EOFError, OSError):
-        loop.close()
+        if loop is not None:
+            loop.close()
         return  # never given a job: the pool is closing
     if not isinstance(job, Job):
         conn.send(Failure(error=f"Worker expected a Job, got {type(job).__name__}"))
         return
-    if load_error is not None:
-        conn.send(Failure(error=load_error))
+    if load_error is not None or loop is None:
+        conn.send(Failure(error=load_error or "the worker has no event loop"))
         return
     try:
         _run_on(loop, _run_and_report(conn, agent, job, reader_thread=not forked_by_zygote))
@@ -108,6 +115,10 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
                 os._exit(1)
 
 
+#: How long the rehearsal may wait (``rehearse``); it takes a few milliseconds.
+REHEARSAL_SECONDS = 5.0
+
+
 def rehearse() -> Result:
     """In the zygote, before it forks anyone: run the worker's own path once, so its children
     inherit every lazy first-time initialisation done. The rehearsal is a real turn through
@@ -115,22 +126,36 @@ def rehearse() -> Result:
     ``interrupt()`` answered, a result checked, pickled and sent, the loop's clean-up) with a
     stand-in agent of ours: never the user's agent, whose tools act on the world. Rehearsing
     the interrupt too is what keeps a child's first ``interrupt()`` from paying for it.
-    Returns the rehearsal's result; raises if our own code failed it."""
+
+    Returns the rehearsal's result. Raises if it failed or waited more than
+    ``REHEARSAL_SECONDS`` (the agent's import can have changed what the path relies on); it
+    is only a warm-up, so the zygote then serves without it (see ``zygote.main``)."""
+    started = time.monotonic()
     server_end, worker_end = socket.socketpair()
+    outcomes: list[object] = []
     with Connection(server_end.detach()) as server, Connection(worker_end.detach()) as conn:
         server.send(Job(session_id="rehearsal", turn_id=1, message=_REHEARSAL_MESSAGE, state=[_REHEARSAL_MESSAGE]))
         loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        outcomes: list[object] = []
-        loop.add_reader(server.fileno(), _answer_as_server, loop, server, outcomes)
         try:
-            _run_on(loop, _run_and_report(conn, _rehearsal_agent, conn.recv(), reader_thread=False))
+            asyncio.set_event_loop(loop)
+            loop.add_reader(server.fileno(), _answer_as_server, loop, server, outcomes)
+            turn = _run_and_report(conn, _rehearsal_agent, conn.recv(), reader_thread=False)
+            _run_on(loop, asyncio.wait_for(turn, REHEARSAL_SECONDS))
         finally:
             interrupt_module._install(None)
             journal_module._install(None)
-        outcome = outcomes[0] if outcomes else server.recv()
-    if not isinstance(outcome, Result):  # our own code failed: the children would too
-        raise RuntimeError(f"the worker's rehearsal turn failed: {outcome}")
+            if not loop.is_closed():
+                asyncio.set_event_loop(None)
+                loop.close()
+        if not outcomes and server.poll(0):
+            outcomes.append(server.recv())
+    outcome = outcomes[0] if outcomes else None
+    if not isinstance(outcome, Result):
+        if time.monotonic() - started >= REHEARSAL_SECONDS:
+            raise TimeoutError(f"the worker's rehearsal turn took more than {REHEARSAL_SECONDS:g} s")
+        lines = outcome.error.strip().splitlines() if isinstance(outcome, Failure) else []
+        detail = lines[-1] if lines else repr(outcome)
+        raise RuntimeError(f"the worker's rehearsal turn failed: {detail}")
     traceback.format_exception(ValueError, ValueError("rehearsal"), None)
     return outcome
 
@@ -141,7 +166,7 @@ _PICKLE_PRIMER = Interrupt(interrupt_id="00000000-0000-0000-0000-000000000000", 
 
 async def _rehearsal_agent(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:
     """The zygote's stand-in agent: one pause, answered by ``_answer_as_server``, then an echo."""
-    answer = await interrupt_module.interrupt({"type": "rehearsal"})
+    answer = await _interrupt({"type": "rehearsal"})
     reply = ChatMessage.model_validate({"role": "assistant", "content": f"{answer}: {message.content}"})
     return reply, [*state, message, reply]
 

@@ -315,7 +315,10 @@ def main(config: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's business
     with _exit_if_abandoned(ctl):
         agent, load_error = worker.load(config["agent_path"], config["agent_blob"])
-        worker.rehearse()
+        try:
+            worker.rehearse()
+        except Exception as exc:  # only a warm-up: each turn meets a real problem itself, in its own error
+            _warn(f"motus zygote: serving without the rehearsal turn, which failed: {type(exc).__name__}: {exc}")
     gc.collect()
     gc.freeze()  # what the children inherit is never traversed by their collections
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -346,6 +349,14 @@ def main(config: dict[str, Any]) -> None:
             except OSError:
                 break  # the server went away while we answered
     _end_children(children, wake_r)
+
+
+def _warn(line: str) -> None:
+    """One line on the zygote's stderr (the server's log); the agent's import may have closed it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        return  # nowhere to say it: serving matters more than the warning
 
 
 def _end_children(children: set[int], wake_r: int) -> None:

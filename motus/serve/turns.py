@@ -1268,7 +1268,7 @@ class Turns:
         lease lapsed (housekeeping thread, and once at start). The store gives each to
         exactly one instance; the new owner replays it, or keeps it parked."""
         try:
-            self.store.renew_lease()
+            self.store.renew_lease(fresh=self._lease_lost)  # not held up by the pool's reconnect backoff
         except Exception as exc:
             self._lease_lost = True
             log.warning("could not renew this instance's lease: %s", exc)

@@ -253,8 +253,9 @@ class Store(ABC):
         committed by any instance (``new_events``: events of it arrived here only now), and
         ``on_reconnect()`` after changes may have been missed."""
 
-    def renew_lease(self) -> None:
-        """Tell the other instances this one is alive for another lease period."""
+    def renew_lease(self, fresh: bool = False) -> None:
+        """Tell the other instances this one is alive for another lease period (``fresh``:
+        on a new connection, not a pooled one; after this instance lost its lease)."""
 
     def claim_orphans(self, limit: int = 100) -> list[str]:
         """Take over (owner := this instance) live turns whose owner's lease lapsed, each

@@ -507,13 +507,28 @@ class PostgresStore(Store):
 
     # -- several instances -------------------------------------------------------------
 
-    def renew_lease(self) -> None:
-        with self._conn() as conn:
-            conn.execute(
-                "INSERT INTO motus_leases (instance_id, expires) VALUES (%s, now() + make_interval(secs => %s)) "
-                "ON CONFLICT (instance_id) DO UPDATE SET expires = EXCLUDED.expires",
-                (self.instance_id, self.lease_seconds),
-            )
+    _RENEW = (
+        "INSERT INTO motus_leases (instance_id, expires) VALUES (%s, now() + make_interval(secs => %s)) "
+        "ON CONFLICT (instance_id) DO UPDATE SET expires = EXCLUDED.expires"
+    )
+
+    def renew_lease(self, fresh: bool = False) -> None:
+        """``fresh``: on a connection of its own, not one from the pool. After an outage the
+        pool reconnects on a backoff schedule with jitter (seconds apart after a short outage,
+        tens of seconds after a long one), so instances whose pools came back at different
+        times would otherwise renew that far apart, and the first would take the live turns
+        of the others for a lapsed lease. A fresh connection renews as soon as the database
+        answers, within the housekeeping period (a third of a lease)."""
+        params = (self.instance_id, self.lease_seconds)
+        if not fresh:
+            with self._conn() as conn:
+                conn.execute(self._RENEW, params)
+            return
+        import psycopg
+
+        timeout = max(1, round(self.lease_seconds / 3))
+        with psycopg.connect(self.dsn, autocommit=True, **{**self._settings(), "connect_timeout": timeout}) as conn:
+            conn.execute(self._RENEW, params)
 
     #: An instance is gone when its lease lapsed, or sooner when it has no connection to the
     #: database left (each connection carries ``application_name = motus-<instance id>``;

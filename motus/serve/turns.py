@@ -117,6 +117,9 @@ _OUTCOMES: dict[str | None, str] = {None: "idle", TIMED_OUT: "timeout", CANCELLE
 
 #: Who resolved an interrupt that expired (``answered_by`` and the audit's ``by``).
 BY_TIMEOUT = "timeout"
+#: Why an answered interrupt cannot be resumed (in the 404's detail).
+ALREADY_RESUMED = "it was already resumed"
+EXPIRED = "it expired and was resolved with its default"
 #: Who acted on a server without API keys.
 ANONYMOUS = "anonymous"
 
@@ -840,7 +843,7 @@ class Turns:
             pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
             entry = next((e for e in pending if e.ref == interrupt_id), None)
             if entry is None or turn is None:
-                raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
+                raise self._not_pending(session, interrupt_id)
             take = turn.state is TurnState.ELSEWHERE and not self._owner_alive(session.owner)
             if take:
                 # Journal records do not change the row's version: the copy here may lack
@@ -850,7 +853,7 @@ class Turns:
                 pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
                 entry = next((e for e in pending if e.ref == interrupt_id), None)
                 if entry is None or turn is None:
-                    raise InterruptNotPending(self._why_not_pending(session, interrupt_id))
+                    raise self._not_pending(session, interrupt_id)
                 take = turn.state is TurnState.ELSEWHERE
             return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
 
@@ -892,7 +895,7 @@ class Turns:
         self._save(session, session.record(status=status, touched=now, grants=grants, owner=owner), [answered], events, audit)
         turn.journal[answered.seq] = answered
         session.status, session.touched, session.grants, session.owner = status, now, grants, owner
-        session.retire(interrupt_id, "it expired and was resolved with its default" if expired else "it was already resumed")
+        session.retire(interrupt_id, EXPIRED if expired else ALREADY_RESUMED)
         self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
         if take:
             self._adopt_locked(session, turn, after)
@@ -918,6 +921,22 @@ class Turns:
         elif turn.state not in (TurnState.ELSEWHERE, TurnState.QUEUED):  # QUEUED: just taken over, replay reads the journal
             raise InvalidTransition(f"session {session.session_id} is interrupted but its turn is {turn.state.value}")
         after.publish.append(session.session_id)
+
+    def _not_pending(self, session: Session, interrupt_id: str) -> InterruptNotPending:
+        """The 404 for a resume of an interrupt that is not pending. An instance that learned
+        of the answer from another's commit only knows it was answered, not by whom (the turn
+        may have ended since, taking its journal with it), so on a shared store the audit
+        says whether it expired."""
+        if self.store.shared and session.retired.get(interrupt_id) in (None, ALREADY_RESUMED):
+            try:
+                records = self.store.audit(session.session_id)
+            except Exception as exc:  # the 404 stands; only its reason is less precise
+                log.warning("session %s: could not read the audit for a late resume: %s", session.session_id, exc)
+                records = []
+            for record in records:
+                if record.kind == "resolved" and record.data.get("interrupt_id") == interrupt_id:
+                    session.retire(interrupt_id, EXPIRED if record.by == BY_TIMEOUT else ALREADY_RESUMED)
+        return InterruptNotPending(self._why_not_pending(session, interrupt_id))
 
     @staticmethod
     def _why_not_pending(session: Session, interrupt_id: str) -> str:
@@ -1216,7 +1235,7 @@ class Turns:
                     turn.journal[entry.seq] = entry  # type: ignore[union-attr]
                     answered.append(entry)
             for index, entry in enumerate(answered):
-                session.retire(entry.ref or "", "it was already resumed")
+                session.retire(entry.ref or "", ALREADY_RESUMED)
                 last = index == len(answered) - 1 and not turn.pending()  # type: ignore[union-attr]
                 try:
                     value = unpack(entry.value)
@@ -1229,7 +1248,7 @@ class Turns:
         else:
             if live:
                 for entry in turn.pending():  # type: ignore[union-attr]
-                    session.retire(entry.ref or "", "it was already resumed")
+                    session.retire(entry.ref or "", ALREADY_RESUMED)
                 self._stop_turn_locked(turn, after)  # type: ignore[arg-type]
             session.turn = fresh.turn
             if fresh.turn is not None and ours:

@@ -49,6 +49,9 @@ class FakeProvider:
         self._script: deque[Reply] = deque()
         self._received = threading.Condition(self._lock)
         self.requests: list[Recorded] = []
+        #: Replies whose client had hung up before they were written (a turn cancelled or a
+        #: worker killed mid-call); counted rather than printed as a traceback.
+        self.dropped = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-provider")
@@ -120,8 +123,12 @@ class FakeProvider:
                 self.send_header("Content-Length", str(len(data)))
                 for name, value in reply.headers.items():
                     self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    with fake._lock:
+                        fake.dropped += 1
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
                 pass

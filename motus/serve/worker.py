@@ -97,9 +97,10 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
     if not isinstance(job, Job):
         conn.send(Failure(error=f"Worker expected a Job, got {type(job).__name__}"))
         return
-    if load_error is not None or loop is None:
-        conn.send(Failure(error=load_error or "the worker has no event loop"))
+    if load_error is not None:
+        conn.send(Failure(error=load_error))
         return
+    assert loop is not None  # missing only with a load_error, answered above
     try:
         _run_on(loop, _run_and_report(conn, agent, job, reader_thread=not forked_by_zygote))
     finally:

@@ -21,7 +21,11 @@ in ``TAG-worker.pid``), so a test can check that process is gone:
 - ``close_stdout``: ``sys.stdout.close()``, then prints and replies;
 - ``print``: writes a lot to stdout and stderr, then replies;
 - ``pgid``: replies with its pid, process group and parent;
-- ``fds``: replies with what each of its descriptors is, ``fd=target`` per line.
+- ``fds``: replies with what each of its descriptors is, ``fd=target`` per line;
+- ``leave_task TAG`` / ``leave_gen TAG`` / ``leave_executor TAG``: replies while something
+  it started is still unfinished (a task waiting for ever, an async generator paused at its
+  first item, a function in the loop's default executor that takes 0.3 s); its ``finally``,
+  or the function's end, writes ``TAG.done`` (``cancelled``, ``closed``, ``finished``).
 
 At import, only in the zygote (``sys.argv`` ends with ``motus-zygote``; the server imports
 the agent too, to check its path), ``$ZYGOTE_IMPORT`` picks a misbehaviour: ``fail`` (raise),
@@ -84,6 +88,33 @@ def _fork_sleeper(tag: str) -> int:
             os._exit(0)
     _record(tag, pid)
     return pid
+
+
+def _mark(tag: str, text: str) -> None:
+    (Path(os.environ["ZYGOTE_SANDBOX"]) / f"{tag}.done").write_text(text)
+
+
+_LEFT: list[object] = []  # what a turn leaves behind, kept referenced until the process ends
+
+
+async def _wait_for_ever(tag: str) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        _mark(tag, "cancelled")
+
+
+async def _paused_generator(tag: str):
+    try:
+        yield 1
+        yield 2
+    finally:
+        _mark(tag, "closed")
+
+
+def _slow_then_mark(tag: str) -> None:
+    time.sleep(0.3)
+    _mark(tag, "finished")
 
 
 def _reply(message: ChatMessage, state: list[ChatMessage], text: str):
@@ -150,6 +181,18 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
         return _reply(message, state, "\n".join(lines))
     if word == "pgid":
         return _reply(message, state, f"{os.getpid()} {os.getpgrp()} {os.getppid()}")
+    if word == "leave_task":
+        _LEFT.append(asyncio.get_running_loop().create_task(_wait_for_ever(tag)))
+        await asyncio.sleep(0)  # the task starts waiting
+        return _reply(message, state, "left a task")
+    if word == "leave_gen":
+        generator = _paused_generator(tag)
+        _LEFT.append(generator)
+        await generator.__anext__()
+        return _reply(message, state, "left a generator")
+    if word == "leave_executor":
+        asyncio.get_running_loop().run_in_executor(None, _slow_then_mark, tag)
+        return _reply(message, state, "left a function running")
     return _reply(message, state, f"echo: {rest}")
 
 

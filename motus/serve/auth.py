@@ -24,6 +24,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import os
@@ -134,7 +135,12 @@ class ApiKeys:
         return self.identify(authorization) is not None
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an address, or a bracketed IPv6 address) is this machine.
+    Cached: every request asks it of its ``Host`` header, and parsing an address with
+    ``ipaddress`` is most of what the check costs; the cache is bounded, so odd hosts only
+    push each other out."""
     if host in ("localhost", "localhost.localdomain"):
         return True
     if host.startswith("[") != host.endswith("]"):

@@ -667,6 +667,18 @@ class MotusWorker(ThreadWorker):
         self._buffered_lock = threading.Lock()
         self._counts = {"timed out": 0, "refused": 0, "unread": 0}
         self._counts_logged_at = -math.inf
+        self._notified_at = -math.inf
+
+    #: gunicorn's loop tells the arbiter it is alive on every pass, with a ``utime()`` of a
+    #: file each time: two or three a turn under load. The arbiter gives a silent worker
+    #: ``timeout`` (60 s), so once a second is plenty.
+    NOTIFY_EVERY_SECONDS = 1.0
+
+    def notify(self) -> None:
+        now = time.monotonic()
+        if now - self._notified_at >= self.NOTIFY_EVERY_SECONDS:
+            self._notified_at = now
+            super().notify()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -197,3 +198,39 @@ def test_custom_id_session_survives_unrelated_failures(start_server) -> None:
     server.send(custom, "echo after")
     assert server.wait_for_status(custom, "idle")["response"]["content"] == "echo: after"
     assert len(server.get(f"/sessions/{custom}/messages").json()) == 3
+
+
+def _heartbeat_mtime(worker: psutil.Process) -> float:
+    """The modification time of the gunicorn worker's heartbeat file: the one regular file it
+    holds open that has been deleted (gunicorn unlinks it at once and touches it to say the
+    worker is alive; the arbiter kills a worker whose file is older than ``timeout``)."""
+    found = []
+    for fd in os.listdir(f"/proc/{worker.pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{worker.pid}/fd/{fd}")
+            if target.endswith("(deleted)") and not target.startswith(("socket:", "pipe:", "anon_inode:")):
+                found.append(os.stat(f"/proc/{worker.pid}/fd/{fd}").st_mtime)
+        except FileNotFoundError:
+            continue  # a descriptor closed while we looked
+    assert len(found) == 1, f"expected one heartbeat file, found {len(found)}"
+    return found[0]
+
+
+def test_the_worker_tells_the_arbiter_it_is_alive_about_once_a_second(start_server) -> None:
+    """gunicorn's loop touches the heartbeat file on every pass (two or three a turn under
+    load); motus does it at most once a second, which is all the arbiter's 60 s limit needs.
+    The heartbeat must keep going while the server is idle and while it is busy."""
+    server = start_server("tests.agents:echo", "--workers", "1")
+    [worker] = [child for child in psutil.Process(server.process.pid).children() if "serve" in child.cmdline()]
+    first = _heartbeat_mtime(worker)
+    wait_until(lambda: _heartbeat_mtime(worker) > first, timeout=10, what="a heartbeat while idle")
+
+    seen = set()
+    started = time.monotonic()
+    for _ in range(300):  # hundreds of passes of the worker's loop
+        assert server.get("/health").status_code == 200
+        seen.add(_heartbeat_mtime(worker))
+    elapsed = time.monotonic() - started
+    assert len(seen) <= elapsed + 2, f"{len(seen)} heartbeats in {elapsed:.1f} s"
+    busy_last = max(seen)
+    wait_until(lambda: _heartbeat_mtime(worker) > busy_last, timeout=10, what="a heartbeat after the burst")

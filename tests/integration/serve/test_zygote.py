@@ -368,6 +368,25 @@ def test_background_process_ends_when_the_turn_returns(start_server: StartServer
     echo_ok(server, 2)
 
 
+@pytest.mark.parametrize(("how", "marker"), [("leave_task", "cancelled"), ("leave_gen", "closed"), ("leave_executor", "finished")])
+def test_what_a_turn_leaves_unfinished_gets_asyncio_runs_clean_up(
+    start_server: StartServer, sandbox: Path, how: str, marker: str
+) -> None:
+    """A worker skips asyncio's clean-up before it exits when the turn left nothing for it to
+    do. When the agent left a task, a paused async generator or work in the default
+    executor, the clean-up still runs as ``asyncio.run``'s would: the task is cancelled, the
+    generator closed, the work waited for (each writes its marker in a ``finally``)."""
+    server = start(start_server, sandbox)
+    body = turn(server, f"{how} left")
+    assert body["status"] == "idle", body
+    done = sandbox / "left.done"
+    deadline = time.monotonic() + 10
+    while not (done.exists() and done.read_text() == marker):
+        assert time.monotonic() < deadline, f"{how}: the clean-up never ran ({done.exists() and done.read_text()!r})"
+        time.sleep(0.02)
+    echo_ok(server, 2)
+
+
 @pytest.mark.parametrize("agent", ["spawn_hang", "spawn_wait", "busy"])
 def test_background_process_ends_when_the_session_is_deleted(start_server: StartServer, sandbox: Path, agent: str) -> None:
     server = start(start_server, sandbox)

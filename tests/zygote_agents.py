@@ -22,6 +22,7 @@ in ``TAG-worker.pid``), so a test can check that process is gone:
 - ``print``: writes a lot to stdout and stderr, then replies;
 - ``pgid``: replies with its pid, process group and parent;
 - ``fds``: replies with what each of its descriptors is, ``fd=target`` per line;
+- ``gate TAG``: waits (in a thread) until ``TAG.go`` exists in the sandbox, then replies;
 - ``leave_task TAG`` / ``leave_gen TAG`` / ``leave_executor TAG``: replies while something
   it started is still unfinished (a task waiting for ever, an async generator paused at its
   first item, a function in the loop's default executor that takes 0.3 s); its ``finally``,
@@ -181,6 +182,12 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
         return _reply(message, state, "\n".join(lines))
     if word == "pgid":
         return _reply(message, state, f"{os.getpid()} {os.getpgrp()} {os.getppid()}")
+    if word == "gate":
+        gate = Path(os.environ["ZYGOTE_SANDBOX"]) / f"{tag}.go"
+        deadline = time.monotonic() + 30
+        while not gate.exists() and time.monotonic() < deadline:
+            await asyncio.to_thread(time.sleep, 0.01)
+        return _reply(message, state, f"gate {tag} {'opened' if gate.exists() else 'timed out'}")
     if word == "leave_task":
         _LEFT.append(asyncio.get_running_loop().create_task(_wait_for_ever(tag)))
         await asyncio.sleep(0)  # the task starts waiting

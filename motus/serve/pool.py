@@ -17,15 +17,18 @@ Data flow::
     spawner thread                          │ kill deadlines, reaping
       keeps `warm` processes ready,         ▼
       each for exactly one job
-    sender thread: the sends the manager decides on (a job whose process just arrived)
+    sender thread: the sends the manager decides on and must not make itself (a resume, a large job)
 
 Guarantees and rules:
 
 - Exactly one thread (the manager) calls ``recv()`` on worker connections and closes them,
   so a descriptor is never closed while it is being waited on. Other threads send, each send
   serialised by the handle's ``send_lock``; a closed connection is never written to. No send
-  happens under a lock, and the manager never sends itself (the sender thread does), so a
-  worker that stops reading blocks only the thread writing to it, never the server.
+  happens under a lock, and the manager sends nothing that could block (the sender thread
+  does), so a worker that stops reading blocks only the thread writing to it, never the
+  server. The one send the manager makes itself is a small job to the process it has just
+  been given: nothing was ever written to that pipe, so the write fits in its buffer whole
+  (``_send_job_at_once``).
 - After ``stop`` or ``kill`` the listener hears nothing more from that handle: the caller has
   already decided how the turn ends. A handle's process is never signalled after it is reaped.
 - ``stop`` closes the pipe: an agent awaiting ``interrupt()`` sees ``EOFError("Worker pipe
@@ -56,6 +59,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
 from motus.serve.errors import ServerUnavailable
@@ -81,6 +85,20 @@ START_RETRY_SECONDS = 0.5
 START_RETRY_MAX_SECONDS = 30.0
 
 Sends = list[tuple["Handle", object]]
+
+
+def _inline_job_limit() -> int:
+    """The largest pickled job the manager sends itself: a quarter of a fresh socket pair's
+    send buffer (212,992 bytes by default on Linux), at most 32 KiB, so a first write to an
+    empty pipe never waits for the reader."""
+    import socket
+
+    left, right = socket.socketpair()
+    try:
+        return min(32 * 1024, left.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 4)
+    finally:
+        left.close()
+        right.close()
 
 
 class PoolListener(Protocol):
@@ -182,6 +200,7 @@ class WorkerPool:
         self._stopped = False
         self._wakeup = _Wakeup()
         self._outbox: queue.SimpleQueue[Sends | None] = queue.SimpleQueue()
+        self._inline_limit = _inline_job_limit()
         self._manager = threading.Thread(target=self._manage, name="motus-pool-manager", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="motus-pool-sender", daemon=True)
         self._spawner = threading.Thread(target=self._spawn_loop, name="motus-pool-spawner", daemon=True)
@@ -326,7 +345,9 @@ class WorkerPool:
         if not sends:
             return
         if threading.current_thread() is self._manager:
-            self._outbox.put(sends)
+            later = [(handle, message) for handle, message in sends if not self._send_job_at_once(handle, message)]
+            if later:
+                self._outbox.put(later)
             return
         started = False
         for handle, message in sends:
@@ -346,6 +367,34 @@ class WorkerPool:
             started = started or isinstance(message, Job)
         if started:
             self._wake()
+
+    def _send_job_at_once(self, handle: Handle, message: object) -> bool:
+        """On the manager thread: send a job to the process it was just given, when the
+        write cannot block, and say whether it was dealt with. A turn that waited for a
+        compute slot is launched from here (its slot was freed by a result the manager
+        read), and handing its job to the sender thread cost a thread hand-off each time.
+
+        Only a ``Job``, the first message its pipe ever carries, pickled to at most
+        ``_inline_limit`` bytes: it fits in the empty send buffer, so the write returns at
+        once even if the process never reads (a dead one fails it with EPIPE). Anything
+        else, or a job that cannot be pickled (the sender reports why), goes to the sender."""
+        if not isinstance(message, Job):
+            return False
+        try:
+            data = ForkingPickler.dumps(message)
+        except Exception:  # the sender pickles it again and reports the failure
+            return False
+        if len(data) > self._inline_limit or not handle.send_lock.acquire(blocking=False):
+            return False
+        try:
+            if handle.conn is not None and not handle.conn_closed:
+                try:
+                    handle.conn.send_bytes(data)
+                except OSError as exc:
+                    log.info("worker of session %s is gone (%s); its sentinel will say how", handle.session_id, exc)
+        finally:
+            handle.send_lock.release()
+        return True
 
     def _report_outcome(self, handle: Handle, outcome: Result | Failure) -> None:
         """The turn's outcome is known: end the handle (the process exits by itself) and tell

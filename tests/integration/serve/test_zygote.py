@@ -387,6 +387,29 @@ def test_what_a_turn_leaves_unfinished_gets_asyncio_runs_clean_up(
     echo_ok(server, 2)
 
 
+def test_turns_that_waited_for_a_slot_run_whatever_the_size_of_their_job(start_server: StartServer, sandbox: Path) -> None:
+    """With one compute slot the turns queue, and each is launched from the pool's manager
+    thread when the result before it frees the slot. A small job the manager writes itself
+    (it fits in the new pipe's empty buffer); a job past that size goes by the sender
+    thread. Both kinds run, in order, with their messages whole."""
+    server = start_server(AGENT, "--workers", "1", env=agent_env(sandbox))
+    gated = server.create_session()
+    server.send(gated, "gate first")
+    big_text = "x" * 100_000  # well past the 32 KiB the manager sends itself
+    queued = {}
+    for content in ("echo small", f"echo {big_text}", "echo after"):
+        session_id = server.create_session()
+        assert server.send(session_id, content).status_code == 202
+        queued[session_id] = content
+    (sandbox / "first.go").write_text("")
+    assert finished(server, gated)["response"]["content"] == "gate first opened"
+    for session_id, content in queued.items():
+        body = finished(server, session_id)
+        assert body["status"] == "idle", body
+        assert body["response"]["content"] == f"echo: {content.split(' ', 1)[1]}"
+    assert_no_500(server)
+
+
 @pytest.mark.parametrize("agent", ["spawn_hang", "spawn_wait", "busy"])
 def test_background_process_ends_when_the_session_is_deleted(start_server: StartServer, sandbox: Path, agent: str) -> None:
     server = start(start_server, sandbox)

@@ -18,12 +18,21 @@ machine, which would measure the client library rather than the server.
 3. Capacity with ``--workers 2``: 200 sessions interrupted at once, echo turns of other
    sessions meanwhile, then all 200 resumed; and the unique set size (USS) of the worker
    processes that hold the interrupted turns.
+4. Throughput with ``--workers 2``: 8 client threads running echo turns back to back for
+   10 s (5 s with ``--quick``), each on its own session: turns a second, and the turn's p50
+   under that load.
+
+Beside every latency figure: the CPU the server's whole tree spent (gunicorn's arbiter and
+worker, the fork server, every agent worker, those that exited included), read from
+``/proc`` before and after, divided by the turns measured. Where the figure has pauses in
+it (a person's 50 ms), the CPU the idle server spent meanwhile is in it too.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import threading
 import json
 import os
 import signal
@@ -45,6 +54,27 @@ ROOT = Path(__file__).resolve().parent.parent
 def is_fork_server(cmd: str) -> bool:
     """motus' zygote, or multiprocessing's forkserver (``MOTUS_WORKER_START=multiprocessing``)."""
     return "forkserver" in cmd or "motus-zygote" in cmd
+
+def tree_cpu(root_pid: int) -> float:
+    """CPU seconds the server's tree has spent so far: every live process under ``root_pid``
+    (the arbiter), and the agent workers that exited, through the fork server's children
+    times (it reaped them)."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+            if is_fork_server(" ".join(proc.cmdline())):
+                total += times.children_user + times.children_system
+        except psutil.Error:
+            continue  # a worker that exited meanwhile: its reaper's children times have it
+    return total
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -99,6 +129,9 @@ class Served:
         # Let the warm workers come up before measuring.
         time.sleep(1.0)
 
+    def cpu(self) -> float:
+        return tree_cpu(self.process.pid)
+
     def session(self) -> str:
         return self.http.post(self.url + "/sessions", json={}, timeout=10).json()["session_id"]
 
@@ -141,13 +174,20 @@ def ms(value: float) -> str:
     return f"{value * 1000:.2f} ms"
 
 
+def per_turn(cpu_seconds: float, turns: int) -> str:
+    return f"server tree CPU {cpu_seconds / max(turns, 1) * 1000:.2f} ms a turn"
+
+
 def bench_echo(turns: int, pause: float) -> dict[str, float]:
     served = Served("bench.agents:echo", "--workers", "2")
     client = Http(served.url)
     try:
         sid = served.session()
         latencies = []
+        cpu = 0.0
         for i in range(turns + 20):
+            if i == 20:
+                cpu = served.cpu()
             if pause:
                 time.sleep(pause)  # a person reading the reply before typing the next message
             start = time.perf_counter()
@@ -159,9 +199,64 @@ def bench_echo(turns: int, pause: float) -> dict[str, float]:
                 latencies.append(elapsed)
             if i % 50 == 49:  # keep the state short: the echo agent appends to it
                 sid = served.session()
-        return {"p50": pct(latencies, 0.5), "p90": pct(latencies, 0.9), "p99": pct(latencies, 0.99), "n": len(latencies)}
+        cpu = served.cpu() - cpu
+        return {"p50": pct(latencies, 0.5), "p90": pct(latencies, 0.9), "p99": pct(latencies, 0.99), "n": len(latencies),
+                "cpu": cpu}
     finally:
         client.close()
+        served.stop()
+
+
+def echo_load(url: str, seconds: float, clients: int = 8) -> dict[str, float]:
+    """``clients`` threads, each running echo turns back to back on its own session (a new
+    one every 50 turns, so the history stays short) for ``seconds``: how many turns, and
+    each one's latency."""
+    stop = time.monotonic() + seconds
+    counts = [0] * clients
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        http = Http(url)
+        try:
+            sid = http.call("POST", "/sessions", {})["session_id"]
+            while time.monotonic() < stop:
+                started = time.perf_counter()
+                http.call("POST", f"/sessions/{sid}/messages", {"content": "hi"})
+                body = http.call("GET", f"/sessions/{sid}?wait=true&timeout=30")
+                assert body["status"] == "idle", body
+                with lock:
+                    latencies.append(time.perf_counter() - started)
+                counts[index] += 1
+                if counts[index] % 50 == 0:
+                    http.call("DELETE", f"/sessions/{sid}")
+                    sid = http.call("POST", "/sessions", {})["session_id"]
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(exc)
+        finally:
+            http.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return {"turns": sum(counts), "wall": wall, "p50": pct(latencies, 0.5), "p90": pct(latencies, 0.9)}
+
+
+def bench_throughput(seconds: float) -> dict[str, float]:
+    served = Served("bench.agents:echo", "--workers", "2", "--max-sessions", "0")
+    try:
+        cpu = served.cpu()
+        result = echo_load(served.url, seconds)
+        result["cpu"] = served.cpu() - cpu
+        return result
+    finally:
         served.stop()
 
 
@@ -170,7 +265,10 @@ def bench_interrupt(rounds: int) -> dict[str, float]:
     client = Http(served.url)
     try:
         visible, reached, completed = [], [], []
+        cpu = 0.0
         for i in range(rounds + 10):
+            if i == 10:
+                cpu = served.cpu()
             time.sleep(0.05)  # a person between turns
             sid = served.session()
             client.call("POST", f"/sessions/{sid}/messages", {"content": "go"})
@@ -193,7 +291,7 @@ def bench_interrupt(rounds: int) -> dict[str, float]:
             "visible_p50": pct(visible, 0.5), "visible_p90": pct(visible, 0.9),
             "reached_p50": pct(reached, 0.5), "reached_p90": pct(reached, 0.9),
             "completed_p50": pct(completed, 0.5), "completed_p90": pct(completed, 0.9),
-            "n": len(visible),
+            "n": len(visible), "cpu": served.cpu() - cpu,
         }
     finally:
         client.close()
@@ -203,6 +301,7 @@ def bench_interrupt(rounds: int) -> dict[str, float]:
 def bench_capacity(sessions: int) -> dict[str, float]:
     served = Served("bench.agents:mixed", "--workers", "2", "--threads", "64")
     try:
+        cpu_start = served.cpu()
         start = time.perf_counter()
         sids = [served.session() for _ in range(sessions)]
         with ThreadPoolExecutor(8) as pool:
@@ -223,11 +322,13 @@ def bench_capacity(sessions: int) -> dict[str, float]:
         # Other sessions still complete turns while 200 wait on a human.
         other = served.session()
         echo_latencies = []
+        cpu_echo = served.cpu()
         for i in range(50):
             t0 = time.perf_counter()
             served.send(other, f"x{i}")
             assert served.wait(other)["status"] == "idle"
             echo_latencies.append(time.perf_counter() - t0)
+        cpu_echo = served.cpu() - cpu_echo
 
         workers = served.workers()
         uss = []
@@ -260,6 +361,8 @@ def bench_capacity(sessions: int) -> dict[str, float]:
             "uss_total_mib": sum(uss) / 2**20,
             "server_threads": server_threads,
             "time_to_finish_all_after_resume": all_finished,
+            "cpu_echo": cpu_echo, "echo_turns": len(echo_latencies),
+            "cpu_total": served.cpu() - cpu_start,
         }
     finally:
         served.stop()
@@ -268,27 +371,33 @@ def bench_capacity(sessions: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    parser.add_argument("--only", choices=["echo", "interrupt", "capacity"])
+    parser.add_argument("--only", choices=["echo", "interrupt", "capacity", "throughput"])
     args = parser.parse_args()
-    turns, rounds, sessions = (100, 30, 50) if args.quick else (500, 100, 200)
+    turns, rounds, sessions, seconds = (100, 30, 50, 5.0) if args.quick else (500, 100, 200, 10.0)
     print(f"# motus serve benchmark ({os.cpu_count()} cores, Python {sys.version.split()[0]})\n")
     if args.only in (None, "echo"):
         r = bench_echo(turns, pause=0.05)
-        print(f"Echo turn (POST message + long poll sees idle), 50 ms between turns, n={r['n']}: p50 {ms(r['p50'])}, p90 {ms(r['p90'])}, p99 {ms(r['p99'])}")
+        print(f"Echo turn (POST message + long poll sees idle), 50 ms between turns, n={r['n']}: p50 {ms(r['p50'])}, p90 {ms(r['p90'])}, p99 {ms(r['p99'])}; {per_turn(r['cpu'], r['n'])}")
         r = bench_echo(turns, pause=0)
-        print(f"Echo turn, back to back (a process started per turn), n={r['n']}: p50 {ms(r['p50'])}, p90 {ms(r['p90'])}, p99 {ms(r['p99'])}")
+        print(f"Echo turn, back to back (a process started per turn), n={r['n']}: p50 {ms(r['p50'])}, p90 {ms(r['p90'])}, p99 {ms(r['p99'])}; {per_turn(r['cpu'], r['n'])}")
     if args.only in (None, "interrupt"):
         r = bench_interrupt(rounds)
         print(f"interrupt() called -> the long poll (sent right after POST) returns it, n={r['n']}: p50 {ms(r['visible_p50'])}, p90 {ms(r['visible_p90'])}")
         print(f"Resume reaches the agent: p50 {ms(r['reached_p50'])}, p90 {ms(r['reached_p90'])}")
         print(f"Resume to turn complete (long poll sees idle): p50 {ms(r['completed_p50'])}, p90 {ms(r['completed_p90'])}")
+        print(f"  {per_turn(r['cpu'], r['n'])} (a turn here: a session, an interrupt, a resume)")
     if args.only in (None, "capacity"):
         r = bench_capacity(sessions)
         print(f"Capacity, --workers 2: {r['sessions']} sessions interrupted at once in {r['time_to_interrupt_all']:.2f} s")
-        print(f"  echo turns of another session meanwhile: p50 {ms(r['echo_p50_while_waiting'])}, p90 {ms(r['echo_p90_while_waiting'])}")
+        print(f"  echo turns of another session meanwhile: p50 {ms(r['echo_p50_while_waiting'])}, p90 {ms(r['echo_p90_while_waiting'])}; {per_turn(r['cpu_echo'], r['echo_turns'])}")
         print(f"  worker processes: {r['worker_processes']}, USS median {r['uss_median_mib']:.1f} MiB each, {r['uss_total_mib']:.0f} MiB in all")
         print(f"  server threads while {r['sessions']} wait: {r['server_threads']}")
         print(f"  all {r['sessions']} resumed and idle in {r['time_to_finish_all_after_resume']:.2f} s")
+        print(f"  {per_turn(r['cpu_total'], r['sessions'])} over the whole run (a turn here: interrupted, waited, resumed)")
+    if args.only in (None, "throughput"):
+        r = bench_throughput(seconds)
+        print(f"Throughput, --workers 2, 8 clients back to back for {seconds:.0f} s: {r['turns'] / r['wall']:.0f} turns a second, "
+              f"p50 {ms(r['p50'])}, p90 {ms(r['p90'])}; {per_turn(r['cpu'], int(r['turns']))}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ Run from the repository root::
 
 What it measures (issue 15's targets, on the default store, a SQLite file in a temp folder):
 
-1. Throughput and CPU: ``--workers 2``, 8 client threads, each running echo turns back to
-   back on its own session (``POST /messages``, then a long poll that sees ``idle``; a new
+1. Throughput and CPU: ``--workers 2``, 8 client threads (``serve_bench.echo_load``), each
+   running echo turns back to back on its own session (``POST /messages``, then a long poll that sees ``idle``; a new
    session every 50 turns so the history stays short). Turns completed per second, and the
    CPU seconds the whole server tree spent (gunicorn arbiter and worker, fork server, agent
    workers; exited workers count through the fork server that reaped them) divided by the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,56 +33,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import CpuMeter, Http, Served, kill_all, table  # noqa: E402
-from bench.serve_bench import ms, pct  # noqa: E402
+from bench.serve_bench import echo_load, ms, pct  # noqa: E402
 
 AGENT = "bench.agents:echo"
 CLIENTS = 8
 
 
-def load(served: Served, seconds: float) -> tuple[int, list[tuple[str, str]], float, list[float]]:
-    stop = time.monotonic() + seconds
-    counts = [0] * CLIENTS
-    latencies: list[float] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def client(index: int) -> None:
-        http = Http(served.port)
-        try:
-            sid = http.call("POST", "/sessions", {})["session_id"]
-            while time.monotonic() < stop:
-                started = time.perf_counter()
-                http.call("POST", f"/sessions/{sid}/messages", {"content": "hi"})
-                body = http.call("GET", f"/sessions/{sid}?wait=true&timeout=30")
-                assert body["status"] == "idle", body
-                with lock:
-                    latencies.append(time.perf_counter() - started)
-                counts[index] += 1
-                if counts[index] % 50 == 0:
-                    http.call("DELETE", f"/sessions/{sid}")
-                    sid = http.call("POST", "/sessions", {})["session_id"]
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            http.close()
-
+def load(served: Served, seconds: float) -> tuple[int, list[tuple[str, str]], float, dict[str, float]]:
+    """``serve_bench.echo_load`` (8 clients, back to back) with the CPU of each part of the
+    server's tree measured around it."""
     meter = CpuMeter(served)
     meter.start()
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
+    result = echo_load(f"http://127.0.0.1:{served.port}", seconds, CLIENTS)
     before = dict(meter.before)
     rows = meter.stop()
     after, _ = meter.snapshot()
-    if errors:
-        raise errors[0]
     server_cpu = sum(after[r] - before.get(r, 0.0) for r in after if r != "this benchmark (clients)")
-    turns = sum(counts)
-    return turns, rows, server_cpu, [wall, *latencies]
+    return int(result["turns"]), rows, server_cpu, result
 
 
 def latency(served: Served, turns: int) -> list[float]:
@@ -116,11 +82,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             store = args.store or f"sqlite:///{Path(tmp) / 'cost.db'}"
             served = Served("cost", "--workers", "2", "--store", store, "--max-sessions", "0", agent=AGENT, settle=1.0)
-            turns, rows, cpu, timing = load(served, args.seconds)
-            wall, latencies = timing[0], timing[1:]
+            turns, rows, cpu, result = load(served, args.seconds)
+            wall = result["wall"]
             print(f"# echo turns, --workers 2, {CLIENTS} clients, {args.seconds:.0f} s, store {store.split(':')[0]}")
             print(f"throughput: {turns / wall:.0f} turns/s ({turns} turns in {wall:.1f} s); "
-                  f"turn p50 under load {ms(pct(latencies, 0.5))}")
+                  f"turn p50 under load {ms(result['p50'])}")
             print(f"server tree CPU: {cpu:.2f} s = {cpu / turns * 1000:.2f} ms per turn")
             table(("Process", "CPU"), rows)
             values = latency(served, args.turns)

@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import threading
 import uuid
 from multiprocessing.connection import Connection
@@ -88,7 +89,7 @@ class _Channel:
             self._fail_all()
             # As the reader thread does: the agent gets a moment for its handlers, then the
             # group ends. The server ends a group whose loop is too busy to get here.
-            self._loop.call_later(EXIT_GRACE_SECONDS, _end_group)
+            self._loop.call_later(EXIT_GRACE_SECONDS, end_group)
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, Resume):
@@ -181,7 +182,7 @@ class _Channel:
         # agent a moment to run its handlers (finally blocks, except EOFError), then end for
         # sure so no process outlives its turn even if the agent ignores the error.
         threading.Event().wait(EXIT_GRACE_SECONDS)
-        _end_group()
+        end_group()
 
     def _deliver(self, message: Resume) -> None:
         future = self._pending.get(message.interrupt_id)
@@ -207,13 +208,30 @@ class _Channel:
                 future.set_exception(EOFError("Worker pipe closed"))
 
 
-def _end_group() -> None:
+def end_group() -> None:
     """The server may be gone (kill -9), so nobody else will end what the agent started:
-    end the whole process group, this process last."""
+    end the whole process group, this process last. What the agent printed and Python still
+    buffers is flushed first, or the kill would lose it."""
+    flush_stdio()
     try:
         os.killpg(os.getpgrp(), signal.SIGKILL)
     finally:
         os._exit(1)
+
+
+def flush_stdio() -> bool:
+    """Flush ``sys.stdout`` and ``sys.stderr`` before the process ends without the
+    interpreter's shutdown (``os._exit``, SIGKILL). False if one could not be flushed (the
+    agent closed it, or its reader is gone): what was in it is lost, and there is nowhere
+    left to say so."""
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # closed, broken, or replaced by the agent: the exit must still happen
+            flushed = False
+    return flushed
 
 
 #: ``json.dumps(value, allow_nan=False)``, built once: a worker is a fresh fork, and every

@@ -50,6 +50,7 @@ except ``conn`` writes (``send_lock``) and ``recv``/``close`` (manager thread on
 
 from __future__ import annotations
 
+import io
 import logging
 import multiprocessing
 import queue
@@ -85,6 +86,22 @@ START_RETRY_SECONDS = 0.5
 START_RETRY_MAX_SECONDS = 30.0
 
 Sends = list[tuple["Handle", object]]
+
+
+class _CappedBuffer(io.BytesIO):
+    """A pickling buffer that refuses to grow past ``limit`` bytes: a job too large for the
+    manager to send itself is given up after the pickler's first 64 KiB frame, instead of
+    being pickled whole on the thread that reads every worker's results (24 MB of history
+    took ~200 ms), then again by the sender."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self._limit = limit
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > self._limit:
+            raise OverflowError(f"more than {self._limit} bytes")
+        return super().write(data)
 
 
 def _inline_job_limit() -> int:
@@ -380,11 +397,13 @@ class WorkerPool:
         else, or a job that cannot be pickled (the sender reports why), goes to the sender."""
         if not isinstance(message, Job):
             return False
+        buffer = _CappedBuffer(self._inline_limit)
         try:
-            data = ForkingPickler.dumps(message)
-        except Exception:  # the sender pickles it again and reports the failure
+            ForkingPickler(buffer).dump(message)
+        except Exception:  # too big (given up after one frame), or the sender reports why
             return False
-        if len(data) > self._inline_limit or not handle.send_lock.acquire(blocking=False):
+        data = buffer.getbuffer()
+        if not handle.send_lock.acquire(blocking=False):
             return False
         try:
             if handle.conn is not None and not handle.conn_closed:

@@ -110,12 +110,10 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
         interrupt_module._install(None)
         journal_module._install(None)
         if channel is not None and channel.pipe_closed:
-            # The server closed our pipe (cancelled, parked) or died (kill -9): nobody will
-            # reap what the agent started, so end the whole process group, this process last.
-            try:
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-            finally:
-                os._exit(1)
+            # The server closed our pipe (cancelled, parked, or done with a turn whose result
+            # it has read) or died (kill -9): nobody will reap what the agent started, so end
+            # the whole process group, this process last.
+            interrupt_module.end_group()
 
 
 #: How long the rehearsal may wait (``rehearse``); it takes a few milliseconds.
@@ -235,11 +233,18 @@ def _run_on(loop: asyncio.AbstractEventLoop, main: Any, exiting: bool = False) -
 
 def _nothing_to_clean_up(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether ``asyncio.run``'s clean-up would find nothing to do: no task still running
-    (the agent's background tasks get their cancellation), no async generator alive (its
-    ``finally`` must run) and no default executor (its running work is waited for). The last
-    two are private attributes of asyncio's loop; where they are missing, this says False
-    and the clean-up runs."""
+    (the agent's background tasks get their cancellation), no callback queued and no timer
+    due (the clean-up's passes of the loop would run them: a done callback, a
+    ``call_soon_threadsafe`` from the agent's thread), no async generator alive (its
+    ``finally`` must run) and no default executor (its running work is waited for). All but
+    the first are private attributes of asyncio's loop; where one is missing, this says
+    False and the clean-up runs."""
     if any(not task.done() for task in asyncio.all_tasks(loop)):
+        return False
+    if getattr(loop, "_ready", True):
+        return False
+    now = loop.time()
+    if any(not timer.cancelled() and timer.when() <= now for timer in getattr(loop, "_scheduled", [None])):
         return False
     return not getattr(loop, "_asyncgens", True) and getattr(loop, "_default_executor", True) is None
 

@@ -455,11 +455,10 @@ def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # a closed or broken stream must not keep the process alive
-                code = code or 1
+        from motus.serve.interrupt import flush_stdio
+
+        if not flush_stdio():  # a closed or broken stream must not keep the process alive
+            code = code or 1
         os._exit(code)
 
 

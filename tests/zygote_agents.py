@@ -22,6 +22,7 @@ in ``TAG-worker.pid``), so a test can check that process is gone:
 - ``print``: writes a lot to stdout and stderr, then replies;
 - ``pgid``: replies with its pid, process group and parent;
 - ``fds``: replies with what each of its descriptors is, ``fd=target`` per line;
+- ``del_stdout``: deletes ``sys.stdout`` and ``sys.stderr`` (the attributes), then replies;
 - ``gate TAG``: waits (in a thread) until ``TAG.go`` exists in the sandbox, then replies;
 - ``leave_task TAG`` / ``leave_gen TAG`` / ``leave_executor TAG``: replies while something
   it started is still unfinished (a task waiting for ever, an async generator paused at its
@@ -182,6 +183,9 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
         return _reply(message, state, "\n".join(lines))
     if word == "pgid":
         return _reply(message, state, f"{os.getpid()} {os.getpgrp()} {os.getppid()}")
+    if word == "del_stdout":
+        del sys.stdout, sys.stderr
+        return _reply(message, state, "deleted")
     if word == "gate":
         gate = Path(os.environ["ZYGOTE_SANDBOX"]) / f"{tag}.go"
         deadline = time.monotonic() + 30

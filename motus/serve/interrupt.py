@@ -212,11 +212,13 @@ def end_group() -> None:
     """The server may be gone (kill -9), so nobody else will end what the agent started:
     end the whole process group, this process last. What the agent printed and Python still
     buffers is flushed first, or the kill would lose it."""
-    flush_stdio()
     try:
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        flush_stdio()
     finally:
-        os._exit(1)
+        try:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        finally:
+            os._exit(1)
 
 
 def flush_stdio() -> bool:
@@ -225,8 +227,9 @@ def flush_stdio() -> bool:
     agent closed it, or its reader is gone): what was in it is lost, and there is nowhere
     left to say so."""
     flushed = True
-    for stream in (sys.stdout, sys.stderr):
+    for name in ("stdout", "stderr"):
         try:
+            stream = getattr(sys, name, None)
             if stream is not None:
                 stream.flush()
         except Exception:  # closed, broken, or replaced by the agent: the exit must still happen

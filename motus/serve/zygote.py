@@ -439,6 +439,7 @@ def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent
     """In the fresh process: drop the zygote's descriptors and handlers, run one turn, exit
     without the interpreter's shutdown (there is nothing of ours to flush but stdio)."""
     code = 1
+    flush: Callable[[], bool] | None = None
     try:
         os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
@@ -446,6 +447,7 @@ def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent
         for fd in wake:
             os.close(fd)
         ctl.close()
+        from motus.serve.interrupt import flush_stdio as flush
         from motus.serve.worker import run_worker
 
         run_worker(Connection(sock.detach()), agent, load_error, forked_by_zygote=True)
@@ -455,11 +457,13 @@ def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent
     except BaseException:
         traceback.print_exc()
     finally:
-        from motus.serve.interrupt import flush_stdio
-
-        if not flush_stdio():  # a closed or broken stream must not keep the process alive
-            code = code or 1
-        os._exit(code)
+        # Whatever the agent did to the process (a stream closed or replaced, an import
+        # broken), this process ends here: it must never return into the zygote's loop.
+        try:
+            if flush is not None and not flush():
+                code = code or 1
+        finally:
+            os._exit(code)
 
 
 def _drain(fd: int) -> None:

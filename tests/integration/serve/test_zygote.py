@@ -387,6 +387,23 @@ def test_what_a_turn_leaves_unfinished_gets_asyncio_runs_clean_up(
     echo_ok(server, 2)
 
 
+def test_an_agent_that_deletes_sys_stdout_ends_only_its_own_process(start_server: StartServer, sandbox: Path) -> None:
+    """A worker ends with ``os._exit`` whatever the agent did to ``sys``: one whose
+    ``sys.stdout`` is gone must not fail on its way out and run on as a copy of the zygote
+    (which would end the zygote's other children: another session's waiting turn here)."""
+    server = start(start_server, sandbox)
+    waiting = server.create_session()
+    server.send(waiting, "spawn_wait other")
+    [item] = interrupted(server, waiting)["interrupts"]
+    body = turn(server, "del_stdout")
+    assert body["status"] == "idle" and body["response"]["content"] == "deleted", body
+    echo_ok(server, WARM + 1)
+    assert resume(server, waiting, item["interrupt_id"], {"ok": 1}).status_code == 200
+    body = finished(server, waiting)
+    assert body["status"] == "idle" and body["response"]["content"] == "resumed {'ok': 1}", body
+    assert_no_500(server)
+
+
 def test_turns_that_waited_for_a_slot_run_whatever_the_size_of_their_job(start_server: StartServer, sandbox: Path) -> None:
     """With one compute slot the turns queue, and each is launched from the pool's manager
     thread when the result before it frees the slot. A small job the manager writes itself

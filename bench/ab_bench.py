@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_bench import echo_load, free_port, ms, pct, tree_cpu  # noqa: E402
+from bench.durable_bench import Served, kill_all  # noqa: E402
+from bench.serve_bench import echo_load, ms, pct, tree_cpu  # noqa: E402
 
 AGENT = "bench.agents:echo"
 
@@ -104,63 +103,29 @@ def bench_process(trees: list[Path], turns: int, history: int) -> None:
     print()
 
 
-def _serve(tree: Path, store: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "motus", "serve", "start", AGENT, "--port", str(port), "--log-level", "warning",
-         "--no-ui", "--workers", "2", "--store", store, "--max-sessions", "0"],
-        cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    return process, port
-
-
-def _wait_healthy(process: subprocess.Popen[bytes], port: int, timeout: float = 60.0) -> None:
-    import http.client
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the server on port {port} did not start")
-        time.sleep(0.05)
-
-
 def bench_server(trees: list[Path], slices: int, seconds: float, store: str) -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for index, tree in enumerate(trees):
                 url = f"sqlite:///{tmp}/ab{index}.db" if store == "sqlite" else store
-                process, port = _serve(tree, url)
-                runs.append({"tree": tree, "process": process, "url": f"http://127.0.0.1:{port}", "turns": 0, "wall": 0.0,
-                             "cpu": 0.0, "p50": []})
-                _wait_healthy(process, port)
+                served = Served(f"ab{index}", "--workers", "2", "--store", url, "--max-sessions", "0", agent=AGENT,
+                                settle=0, log="ab", root=tree)
+                runs.append({"tree": tree, "served": served, "url": f"http://127.0.0.1:{served.port}", "turns": 0,
+                             "wall": 0.0, "cpu": 0.0, "p50": []})
             for run in runs:
                 echo_load(run["url"], 1.0)  # warm processes up, first-time work done
             for index in range(slices):
                 for run in runs if index % 2 == 0 else runs[::-1]:
-                    before = tree_cpu(run["process"].pid)
+                    pid = run["served"].process.pid
+                    before = tree_cpu(pid)
                     result = echo_load(run["url"], seconds)
-                    run["cpu"] += tree_cpu(run["process"].pid) - before
+                    run["cpu"] += tree_cpu(pid) - before
                     run["turns"] += result["turns"]
                     run["wall"] += result["wall"]
                     run["p50"].append(result["p50"])
         finally:
-            for run in runs:
-                os.killpg(run["process"].pid, signal.SIGTERM)
-            for run in runs:
-                try:
-                    run["process"].wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(run["process"].pid, signal.SIGKILL)
-                    run["process"].wait()
+            kill_all()
     print(f"## Server: 8 clients back to back, {slices} slices of {seconds:g} s each, alternating, store {store}\n")
     print("| tree | turns a second | server tree CPU a turn | turn p50 under load (median of slices) |")
     print("|---|---|---|---|")

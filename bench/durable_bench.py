@@ -151,22 +151,24 @@ _SERVERS: list[Served] = []
 
 
 class Served:
-    """One ``python -m motus serve start`` subprocess, in a session of its own."""
+    """One ``python -m motus serve start`` subprocess, in a session of its own, running the
+    motus of ``root`` (this checkout unless another is given: ``ab_bench.py``)."""
 
     def __init__(
-        self, name: str, *args: str, agent: str = AGENT, port: int | None = None, settle: float = 0.5, log: str = "durable"
+        self, name: str, *args: str, agent: str = AGENT, port: int | None = None, settle: float = 0.5, log: str = "durable",
+        root: Path = ROOT,
     ) -> None:
         self.name = name
         self.port = port or free_port()
         self.args = args
         self.log_path = ROOT / "bench" / f".{log}-{name}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(root))
         self.launched = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "motus", "serve", "start", agent, "--port", str(self.port),
              "--log-level", "warning", "--no-ui", *args],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         _SERVERS.append(self)
         self.seen: dict[int, psutil.Process] = {}  # every descendant ever seen, for the clean-up

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from motus.serve.pool import Handle, WorkerPool
 from motus.serve.protocol import Failure, Job, Result
 from multiprocessing.reduction import ForkingPickler
 from tests.conftest import Server, wait_until
+from tests.integration.serve.test_approvals_attacks import raw_request, read_head
 from tests.integration.serve.test_zygote import (
     assert_ended,
     assert_no_500,
@@ -512,29 +512,22 @@ def test_cached_is_loopback_agrees_with_the_plain_function_and_stays_bounded() -
     assert not expected["127.1"] and not expected["[::1"] and not expected["localhost."]
 
 
-def _raw_get(port: int, host: bytes) -> int:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
-        head = b""
-        while b"\r\n" not in head:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            head += chunk
-    return int(head.split(b" ", 2)[1])
+def _raw_get(server: Server, host: bytes) -> int:
+    """The status of ``GET /health`` sent with ``Host: host``, exactly as given."""
+    with raw_request(server, b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n") as sock:
+        return int(read_head(sock).split(b" ", 2)[1])
 
 
 def test_hostile_host_headers_get_the_right_answer_and_never_a_500(start_server: StartServer, sandbox: Path) -> None:
     server = start_server(AGENT, "--workers", "1", env=cost_env(sandbox))
-    port = int(server.url.rsplit(":", 1)[1])
     good = [b"localhost", b"127.0.0.1:9", b"[::1]:80", b"LOCALHOST", b"[::1]"]
     bad = [b"evil.example", b"127.1", b"[::1", b"[::1].evil", b"localhost.", b"x" * 8000,
            "ｌｏｃａｌｈｏｓｔ".encode(), b"\xff\xfe", b"[" + b"1:" * 3000 + b"]"]
     for round_ in range(2):
         for host in good:
-            assert _raw_get(port, host) == 200, host
+            assert _raw_get(server, host) == 200, host
         for host in bad:
-            assert _raw_get(port, host) in (400, 431), host[:40]
+            assert _raw_get(server, host) in (400, 431), host[:40]
         for n in range(300):  # more distinct names than the cache holds
-            assert _raw_get(port, f"h{round_}-{n}.example".encode()) == 400
+            assert _raw_get(server, f"h{round_}-{n}.example".encode()) == 400
     assert_no_500(server)

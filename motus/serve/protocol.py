@@ -9,7 +9,7 @@ One duplex ``multiprocessing`` Pipe per turn::
                                                    *started* mark is committed before its body runs)
                                              <-   Interrupt(id, payload, seq)   (any number)
       Resume(interrupt_id, value)            ->   the awaiting future gets ``value``
-                                             <-   Result(response, state) | Failure(error)
+                                             <-   Result(response, state, kept) | Failure(error)
 
 All messages are plain picklable dataclasses that reference no server object, so a turn can
 be re-driven from its journal by a fresh process (replay) after parking or a restart.
@@ -119,10 +119,39 @@ class Resume:
 
 @dataclass(frozen=True)
 class Result:
-    """Worker -> server: the turn completed. Both are JSON-ready dicts."""
+    """Worker -> server: the turn completed. ``response`` and the messages are JSON-ready dicts.
+
+    The agent's new state is ``job.state[:kept] + state``: the worker sends back only what
+    follows the longest run of leading messages the agent left unchanged (``unchanged_prefix``),
+    so a turn that appends to a long history does not pickle the history back, and the server
+    does not unpickle or store it again. ``kept`` 0 with the whole list is always correct.
+    """
 
     response: dict[str, Any]
     state: list[dict[str, Any]]
+    kept: int = 0
+
+
+def unchanged_prefix(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> int:
+    """How many leading messages ``new`` has equal to ``old``'s. Compared by value, as
+    JSON-ready dicts, never by identity: an agent may edit a message of its state in place."""
+    kept = 0
+    for before, after in zip(old, new):
+        if before != after:
+            break
+        kept += 1
+    return kept
+
+
+def resulting_state(job_state: list[dict[str, Any]], result: Result) -> tuple[list[dict[str, Any]], int]:
+    """The agent's whole new state from a ``Result`` of a job given ``job_state``, and how many
+    of its leading messages are ``job_state``'s own. A ``kept`` that no worker of ours sends
+    (negative, past the job's state, not an int: a process the agent wrote to itself) keeps
+    nothing, so the state is exactly the list sent."""
+    kept = result.kept
+    if type(kept) is not int or not 0 <= kept <= len(job_state):
+        kept = 0
+    return job_state[:kept] + list(result.state), kept
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ from motus.serve.events import ALL, Events
 from motus.serve.journal import canonical_payload, pack, unpack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
-from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
+from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, resulting_state
 from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -1002,7 +1002,14 @@ class Turns:
             if message.ack:
                 after.sends.append((handle, Ack(message.entry.seq)))
         elif isinstance(message, Result):
-            self._end_locked(session, turn, after=after, response=message.response, state=message.state)
+            state, kept = resulting_state(handle.job.state, message)
+            # The store holds the session's state as it was when the job was made, so the
+            # messages kept need not be written again; checked by identity, cheaply, in case
+            # the session's state was replaced since (then everything is written).
+            stored = session.state
+            if kept > len(stored) or any(a is not b for a, b in zip(stored[:kept], handle.job.state)):
+                kept = 0
+            self._end_locked(session, turn, after=after, response=message.response, state=state, kept=kept)
         elif isinstance(message, Failure):
             self._end_locked(session, turn, error=message.error, after=after)
         else:
@@ -1098,8 +1105,10 @@ class Turns:
         error: str | None = None,
         response: dict[str, Any] | None = None,
         state: list[dict[str, Any]] | None = None,
+        kept: int = 0,
     ) -> None:
-        """Any live state -> ENDED, with the session idle (a result) or in error."""
+        """Any live state -> ENDED, with the session idle (a result) or in error. ``kept``:
+        how many leading messages of ``state`` are the session's stored ones, unchanged."""
         now = self._clock()
         status = SessionStatus.ERROR if error is not None else SessionStatus.IDLE
         new_state = list(state) if state is not None else session.state
@@ -1108,7 +1117,7 @@ class Turns:
             session.event("status", now, status=status.value),
         ]
         self._save(session, session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None,
-                                           owner=None), events=events)
+                                           owner=None, kept=kept if state is not None else 0), events=events)
         if error is not None:
             lines = error.strip().splitlines()
             why = f"its turn ended with an error ({lines[-1] if lines else 'no message'})"

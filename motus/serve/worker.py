@@ -38,7 +38,7 @@ from motus.serve.interrupt import interrupt as _interrupt  # taken now: an agent
 from motus.serve.agents import check_turn_result, load_agent, run_agent_turn
 from motus.serve import journal as journal_module
 from motus.serve.journal import Journal
-from motus.serve.protocol import Ack, Failure, Interrupt, Job, Record, Result, Resume
+from motus.serve.protocol import Ack, Failure, Interrupt, Job, Record, Result, Resume, unchanged_prefix
 
 log = logging.getLogger(__name__)
 
@@ -288,10 +288,9 @@ async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool =
         response, new_state = check_turn_result(returned)
     except TypeError as exc:
         return Failure(error=f"TypeError: {exc}")
-    return Result(
-        response=response.model_dump(mode="json"),
-        state=[item.model_dump(mode="json") for item in new_state],
-    )
+    state = [item.model_dump(mode="json") for item in new_state]
+    kept = unchanged_prefix(job.state, state)
+    return Result(response=response.model_dump(mode="json"), state=state[kept:], kept=kept)
 
 
 def format_agent_traceback(exc: BaseException) -> str:

@@ -24,7 +24,9 @@ def test_the_rehearsal_pauses_is_resumed_and_leaves_nothing_behind() -> None:
     # The stand-in agent's interrupt was answered through the channel ("resumed") and the
     # turn's result went through the same checks as a real one.
     assert (result.response["role"], result.response["content"]) == ("assistant", "resumed: rehearsal")
-    assert [item["role"] for item in result.state] == ["user", "user", "assistant"]
+    # The job's one message of history came back unchanged, so only what followed it was sent.
+    assert result.kept == 1
+    assert [item["role"] for item in result.state] == ["user", "assistant"]
     # Nothing a forked child would inherit: no channel, no journal, no loop, no socket, no thread.
     assert interrupt_module._channel is None
     assert journal_module._journal is None

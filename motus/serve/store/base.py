@@ -167,6 +167,9 @@ class SessionRecord:
     #: set to the new one by a successful ``save``; and the instance that runs the live turn.
     version: int = 0
     owner: str | None = None
+    #: In a save with ``state``: how many of its leading messages the store already holds,
+    #: unchanged (a turn that appended to its history). A hint: a store may rewrite them.
+    kept: int = 0
 
 
 class Store(ABC):

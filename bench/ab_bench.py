@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import Served, kill_all  # noqa: E402
-from bench.serve_bench import echo_load, ms, pct, tree_cpu  # noqa: E402
+from bench.serve_bench import echo_load, long_history, ms, pct, tree_cpu  # noqa: E402
 
 AGENT = "bench.agents:echo"
 
@@ -103,7 +103,8 @@ def bench_process(trees: list[Path], turns: int, history: int) -> None:
     print()
 
 
-def bench_server(trees: list[Path], slices: int, seconds: float, store: str) -> None:
+def bench_server(trees: list[Path], slices: int, seconds: float, store: str, history: int = 0) -> None:
+    preload = long_history(history)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -114,19 +115,20 @@ def bench_server(trees: list[Path], slices: int, seconds: float, store: str) -> 
                 runs.append({"tree": tree, "served": served, "url": f"http://127.0.0.1:{served.port}", "turns": 0,
                              "wall": 0.0, "cpu": 0.0, "p50": []})
             for run in runs:
-                echo_load(run["url"], 1.0)  # warm processes up, first-time work done
+                echo_load(run["url"], 1.0, history=preload)  # warm processes up, first-time work done
             for index in range(slices):
                 for run in runs if index % 2 == 0 else runs[::-1]:
                     pid = run["served"].process.pid
                     before = tree_cpu(pid)
-                    result = echo_load(run["url"], seconds)
+                    result = echo_load(run["url"], seconds, history=preload)
                     run["cpu"] += tree_cpu(pid) - before
                     run["turns"] += result["turns"]
                     run["wall"] += result["wall"]
                     run["p50"].append(result["p50"])
         finally:
             kill_all()
-    print(f"## Server: 8 clients back to back, {slices} slices of {seconds:g} s each, alternating, store {store}\n")
+    print(f"## Server: 8 clients back to back, {slices} slices of {seconds:g} s each, alternating, store {store}"
+          + (f", sessions preloaded with {history} messages of 2 KB" if history else "") + "\n")
     print("| tree | turns a second | server tree CPU a turn | turn p50 under load (median of slices) |")
     print("|---|---|---|---|")
     for run in runs:
@@ -143,6 +145,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=500, help="process part: echo turns per version")
     parser.add_argument("--history", type=int, default=0, help="process part: pairs of messages of history per job")
     parser.add_argument("--slices", type=int, default=8, help="server part: slices per version")
+    parser.add_argument("--server-history", type=int, default=0, help="server part: preload each session with N messages of 2 KB")
     parser.add_argument("--slice", type=float, default=1.5, help="server part: seconds per slice")
     parser.add_argument("--store", default="sqlite", help="server part: sqlite (a file each) or memory")
     args = parser.parse_args()
@@ -153,7 +156,7 @@ def main() -> None:
     if args.only in (None, "process"):
         bench_process(trees, args.turns, args.history)
     if args.only in (None, "server"):
-        bench_server(trees, args.slices, args.slice, args.store)
+        bench_server(trees, args.slices, args.slice, args.store, args.server_history)
 
 
 if __name__ == "__main__":

@@ -207,10 +207,16 @@ def bench_echo(turns: int, pause: float) -> dict[str, float]:
         served.stop()
 
 
-def echo_load(url: str, seconds: float, clients: int = 8) -> dict[str, float]:
+def long_history(messages: int, size: int = 2000) -> list[dict[str, str]]:
+    """``messages`` alternating user and assistant messages of ``size`` characters each: the
+    history a session preloads for the long-history runs (a conversation with tool output)."""
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i:05d} " + "x" * size} for i in range(messages)]
+
+
+def echo_load(url: str, seconds: float, clients: int = 8, history: list[dict[str, str]] | None = None) -> dict[str, float]:
     """``clients`` threads, each running echo turns back to back on its own session (a new
-    one every 50 turns, so the history stays short) for ``seconds``: how many turns, and
-    each one's latency."""
+    one every 50 turns, so the history stays short; each new one preloaded with ``history``)
+    for ``seconds``: how many turns, and each one's latency."""
     stop = time.monotonic() + seconds
     counts = [0] * clients
     latencies: list[float] = []
@@ -220,7 +226,8 @@ def echo_load(url: str, seconds: float, clients: int = 8) -> dict[str, float]:
     def client(index: int) -> None:
         http = Http(url)
         try:
-            sid = http.call("POST", "/sessions", {})["session_id"]
+            preload = {"state": history} if history else {}
+            sid = http.call("POST", "/sessions", preload)["session_id"]
             while time.monotonic() < stop:
                 started = time.perf_counter()
                 http.call("POST", f"/sessions/{sid}/messages", {"content": "hi"})
@@ -231,7 +238,7 @@ def echo_load(url: str, seconds: float, clients: int = 8) -> dict[str, float]:
                 counts[index] += 1
                 if counts[index] % 50 == 0:
                     http.call("DELETE", f"/sessions/{sid}")
-                    sid = http.call("POST", "/sessions", {})["session_id"]
+                    sid = http.call("POST", "/sessions", preload)["session_id"]
         except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
             errors.append(exc)
         finally:

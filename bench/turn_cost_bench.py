@@ -5,6 +5,7 @@ Run from the repository root::
     python bench/turn_cost_bench.py               # 15 s of load, default SQLite store
     python bench/turn_cost_bench.py --seconds 5   # shorter
     python bench/turn_cost_bench.py --store memory
+    python bench/turn_cost_bench.py --history 200 # each session starts with 200 messages of 2 KB
 
 What it measures (issue 15's targets, on the default store, a SQLite file in a temp folder):
 
@@ -33,18 +34,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import CpuMeter, Http, Served, kill_all, table  # noqa: E402
-from bench.serve_bench import echo_load, ms, pct  # noqa: E402
+from bench.serve_bench import echo_load, long_history, ms, pct  # noqa: E402
 
 AGENT = "bench.agents:echo"
 CLIENTS = 8
 
 
-def load(served: Served, seconds: float) -> tuple[int, list[tuple[str, str]], float, dict[str, float]]:
+def load(served: Served, seconds: float, history: list[dict[str, str]] | None = None) -> tuple[int, list[tuple[str, str]], float, dict[str, float]]:
     """``serve_bench.echo_load`` (8 clients, back to back) with the CPU of each part of the
     server's tree measured around it."""
     meter = CpuMeter(served)
     meter.start()
-    result = echo_load(f"http://127.0.0.1:{served.port}", seconds, CLIENTS)
+    result = echo_load(f"http://127.0.0.1:{served.port}", seconds, CLIENTS, history)
     before = dict(meter.before)
     rows = meter.stop()
     after, _ = meter.snapshot()
@@ -77,14 +78,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--turns", type=int, default=200, help="latency samples")
     parser.add_argument("--store", default=None, help="memory, or a store URL (default: SQLite in a temp folder)")
+    parser.add_argument("--history", type=int, default=0, help="preload each session with N messages of 2 KB (load part)")
     args = parser.parse_args()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             store = args.store or f"sqlite:///{Path(tmp) / 'cost.db'}"
             served = Served("cost", "--workers", "2", "--store", store, "--max-sessions", "0", agent=AGENT, settle=1.0)
-            turns, rows, cpu, result = load(served, args.seconds)
+            turns, rows, cpu, result = load(served, args.seconds, long_history(args.history))
             wall = result["wall"]
-            print(f"# echo turns, --workers 2, {CLIENTS} clients, {args.seconds:.0f} s, store {store.split(':')[0]}")
+            print(f"# echo turns, --workers 2, {CLIENTS} clients, {args.seconds:.0f} s, store {store.split(':')[0]}"
+                  + (f", {args.history} messages of 2 KB of history" if args.history else ""))
             print(f"throughput: {turns / wall:.0f} turns/s ({turns} turns in {wall:.1f} s); "
                   f"turn p50 under load {ms(result['p50'])}")
             print(f"server tree CPU: {cpu:.2f} s = {cpu / turns * 1000:.2f} ms per turn")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from motus.serve.store import (
     default_store_url,
     store_from_url,
 )
-from motus.serve.store.sqlite import SqliteStore
+from motus.serve.store.sqlite import SQLITE_SCHEMA_VERSION, SqliteStore
 
 MESSAGE = {"role": "user", "content": "héllo"}
 REPLY = {"role": "assistant", "content": "hi"}
@@ -199,7 +201,7 @@ def test_check_opens_and_closes(db_path: Path) -> None:
     store.check()
     store.check()
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SQLITE_SCHEMA_VERSION),)
     conn.close()
 
 
@@ -240,7 +242,7 @@ def test_a_file_from_a_newer_motus_is_refused_and_not_modified(db_path: Path) ->
     with pytest.raises(StoreError) as refused:
         store.open()
     message = str(refused.value)
-    assert "\n" not in message and "schema version 99" in message and f"({SCHEMA_VERSION})" in message
+    assert "\n" not in message and "schema version 99" in message and f"({SQLITE_SCHEMA_VERSION})" in message
     assert db_path.read_bytes() == before
     with pytest.raises(StoreError, match="schema version 99"):  # and the claim was released
         store.open()
@@ -352,7 +354,7 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_sessions(db_path: P
     finally:
         store.close()
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SQLITE_SCHEMA_VERSION)
     conn.close()
     assert reopen_path(db_path)[0].grants == {"delete_file": {"by": "ops", "at": 1.0}}
 
@@ -414,3 +416,104 @@ def test_audit_records_are_kept_per_session_in_order_and_go_with_it(kind: str, d
         assert store.audit("a") == [] and len(store.audit("b")) == 1
     finally:
         store.close()
+
+
+# -- version 3: the history, a row a message ----------------------------------------------------
+
+HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(100)]
+
+
+def history_rows(store: SqliteStore, session_id: str = "s1") -> list[tuple[int, str]]:
+    return store._conn.execute(  # type: ignore[union-attr]
+        "SELECT seq, body FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)
+    ).fetchall()
+
+
+def changes_made(store: SqliteStore, save: SessionRecord) -> int:
+    """How many rows ``save`` wrote (inserted, replaced or deleted)."""
+    before = store._conn.total_changes  # type: ignore[union-attr]
+    store.save(save)
+    return store._conn.total_changes - before  # type: ignore[union-attr]
+
+
+def test_a_save_that_kept_the_history_writes_only_what_was_added(opened: SqliteStore, db_path: Path) -> None:
+    assert changes_made(opened, session(state=HISTORY)) >= 101
+    longer = [*HISTORY, MESSAGE, REPLY]
+    # The sessions row and the two new messages: not the hundred already stored.
+    assert changes_made(opened, session(state=longer, kept=len(HISTORY))) == 3
+    assert [r.state for r in reopen(opened)] == [longer]
+
+
+@pytest.mark.parametrize(
+    ("new", "kept"),
+    [
+        ([*HISTORY[:40], {"role": "user", "content": "edited"}, *HISTORY[41:]], 40),  # an edit in the middle
+        (HISTORY[:10], 10),  # shorter: the rest is removed
+        (HISTORY[:10], 0),
+        ([REPLY], 0),  # replaced
+        ([], 0),
+        (HISTORY, 100),  # unchanged
+        ([*HISTORY, REPLY], 100),
+    ],
+)
+def test_the_stored_history_is_the_new_one_whatever_was_kept(db_path: Path, new: list[dict], kept: int) -> None:
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    store.save(session(state=HISTORY))
+    store.save(session(state=new, kept=kept))
+    assert [seq for seq, _ in history_rows(store)] == list(range(len(new)))
+    assert [r.state for r in reopen(store)] == [new]
+
+
+@pytest.mark.parametrize("kept", [-1, 101, 10**6])
+def test_a_kept_past_the_new_history_writes_it_whole(opened: SqliteStore, kept: int) -> None:
+    opened.save(session(state=HISTORY))
+    opened.save(session(state=HISTORY[:50], kept=kept))
+    assert [r.state for r in reopen(opened)] == [HISTORY[:50]]
+
+
+def test_a_kept_the_rows_do_not_bear_out_writes_the_history_whole(opened: SqliteStore, caplog: pytest.LogCaptureFixture) -> None:
+    """The caller says 80 messages are stored; only 10 are (say a save between was lost)."""
+    opened.save(session(state=HISTORY[:10]))
+    opened.save(session(state=HISTORY, kept=80))
+    assert "writing the whole history" in caplog.text
+    assert [r.state for r in reopen(opened)] == [HISTORY]
+
+
+def test_a_saved_history_without_state_is_left_as_it_is_and_delete_removes_it(opened: SqliteStore) -> None:
+    opened.save(session(state=HISTORY))
+    opened.save(session(state=None, status="running"))
+    opened.save(session("s2", state=[MESSAGE]))
+    assert len(history_rows(opened)) == 100
+    opened.delete("s1")
+    assert history_rows(opened) == [] and len(history_rows(opened, "s2")) == 1
+    assert [(r.session_id, r.state) for r in reopen(opened)] == [("s2", [MESSAGE])]
+
+
+_VERSION_2_HISTORIES = [
+    [],
+    [MESSAGE, REPLY],
+    [{"role": "user", "content": "h\u00e9llo \ud800 \x00 \u4e16"}, {"role": "assistant", "content": None, "name": "x"}],
+]
+
+
+def test_a_version_2_file_has_its_histories_moved_to_rows_once(db_path: Path) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(_VERSION_1)
+        conn.execute("ALTER TABLE sessions ADD COLUMN grants TEXT")
+        conn.execute("UPDATE meta SET value = '2'")
+        for i, state in enumerate(_VERSION_2_HISTORIES):
+            conn.execute(
+                "INSERT INTO sessions VALUES (?, 'idle', ?, NULL, NULL, 0, ?, NULL, NULL)", (f"v2-{i}", json.dumps(state), 1767225601.0 + i)
+            )
+    conn.close()
+    loaded = {r.session_id: r.state for r in reopen_path(db_path)}
+    assert loaded == {"old": [], **{f"v2-{i}": state for i, state in enumerate(_VERSION_2_HISTORIES)}}
+    with closing(sqlite3.connect(db_path)) as conn:
+        assert {row[0] for row in conn.execute("SELECT state FROM sessions")} == {""}
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SQLITE_SCHEMA_VERSION)
+    # Opened again, nothing moves twice.
+    assert {r.session_id: r.state for r in reopen_path(db_path)} == loaded
+    with closing(sqlite3.connect(db_path)) as conn:
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4

@@ -13,6 +13,9 @@ Guarantees:
   The kernel drops the lock when the holder dies, however it dies.
 - The schema carries a version in ``meta``; a file written by a newer motus is refused,
   never rewritten. A file that is not a SQLite database is refused with a clear message.
+- A session's history is one row per message (``messages``), so a turn that appends to a
+  long history writes only what it added (``SessionRecord.kept``), not the whole history
+  again. A file from an earlier version is converted when it is opened, in one transaction.
 
 Threads: one connection, shared, with every use under ``_lock`` (SQLite serialises writers
 anyway); statements are short and never wait on anything but the disk.
@@ -32,7 +35,6 @@ from motus.serve.store.base import (
     EVENTS_KEPT,
     RECENT_EVENTS,
     RecentEvents,
-    SCHEMA_VERSION,
     AuditRecord,
     Event,
     SessionRecord,
@@ -95,7 +97,18 @@ CREATE TABLE IF NOT EXISTS audit (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_by_session ON audit (session_id, id);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
 """
+
+#: This file's schema. Version 3 keeps the history in ``messages``, a row a message; the
+#: ``sessions.state`` column of versions 1 and 2 stays (a NOT NULL column cannot be dropped
+#: without rebuilding the table) and holds ``''``. PostgreSQL's schema has its own version.
+SQLITE_SCHEMA_VERSION = 3
 
 #: Columns version 2 added to tables version 1 already had (``ALTER TABLE ... ADD COLUMN``).
 _ADDED_IN_2 = {
@@ -183,7 +196,7 @@ class SqliteStore(Store):
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             self._migrate(conn)
             conn.executescript(_SCHEMA)
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self._move_histories(conn)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"Store {self.path} is not a usable SQLite database ({exc}); move it away or choose another --store") from None
@@ -201,10 +214,10 @@ class SqliteStore(Store):
             version = int(row[0])
         except ValueError:
             raise StoreError(f"Store {self.path} has an unreadable schema version {row[0]!r}; it was not written by motus") from None
-        if version > SCHEMA_VERSION:
+        if version > SQLITE_SCHEMA_VERSION:
             raise StoreError(
                 f"Store {self.path} has schema version {version}, newer than this motus understands "
-                f"({SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
+                f"({SQLITE_SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
             )
 
     @staticmethod
@@ -219,6 +232,22 @@ class SqliteStore(Store):
             for name, kind in columns:
                 if name not in have:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+    @staticmethod
+    def _move_histories(conn: sqlite3.Connection) -> None:
+        """Version 3: move each history kept whole in ``sessions.state`` (versions 1 and 2)
+        into ``messages``, and set the version, in one transaction: a crash half-way leaves
+        the file as it was, and the next open does it again."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for session_id, state in conn.execute("SELECT session_id, state FROM sessions WHERE state <> ''").fetchall():
+                _put_messages(conn, session_id, 0, load_json(state))
+                conn.execute("UPDATE sessions SET state = '' WHERE session_id = ?", (session_id,))
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SQLITE_SCHEMA_VERSION),))
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -250,14 +279,17 @@ class SqliteStore(Store):
                         created_at=row[12], expires_at=row[13], default=row[14],
                     )
                 )
+            histories: dict[str, list[str]] = {}
+            for session_id, body in db.execute("SELECT session_id, body FROM messages ORDER BY session_id, seq"):
+                histories.setdefault(session_id, []).append(body)
             rows = db.execute(
-                "SELECT session_id, status, state, response, error, turn_id, touched, turn, grants FROM sessions ORDER BY touched"
+                "SELECT session_id, status, response, error, turn_id, touched, turn, grants FROM sessions ORDER BY touched"
             ).fetchall()
-        for session_id, status, state, response, error, turn_id, touched, turn, grants in rows:
+        for session_id, status, response, error, turn_id, touched, turn, grants in rows:
             yield SessionRecord(
                 session_id=session_id,
                 status=status,
-                state=load_json(state),
+                state=[load_json(body) for body in histories.get(session_id, ())],
                 response=load_json(response),
                 error=error,
                 turn_id=turn_id,
@@ -290,10 +322,11 @@ class SqliteStore(Store):
                 else:
                     db.execute(
                         "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
-                        "turn, grants) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (record.session_id, record.status, dump_json(record.state), dump_json(record.response), record.error,
+                        "turn, grants) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?)",
+                        (record.session_id, record.status, dump_json(record.response), record.error,
                          record.turn_id, record.touched, turn_text, grants),
                     )
+                    self._put_history(db, record.session_id, record.state, record.kept)
                 if turn is None:
                     db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
                 else:
@@ -310,6 +343,19 @@ class SqliteStore(Store):
                 raise
             self._recent.extend(events)
         return last
+
+    @staticmethod
+    def _put_history(db: sqlite3.Connection, session_id: str, state: list, kept: int) -> None:
+        """Make the session's ``messages`` rows ``state``, writing only those past ``kept``
+        (the caller says the stored ones before it are unchanged). A ``kept`` the rows do
+        not bear out (fewer stored) is not trusted: everything is written."""
+        if not 0 < kept <= len(state):
+            kept = 0
+        elif db.execute("SELECT count(*) FROM messages WHERE session_id = ? AND seq < ?", (session_id, kept)).fetchone()[0] != kept:
+            log.warning("session %s: %d messages were said to be stored, and are not; writing the whole history", session_id, kept)
+            kept = 0
+        db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?", (session_id, kept))
+        _put_messages(db, session_id, kept, state[kept:])
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         with self._lock:
@@ -355,6 +401,7 @@ class SqliteStore(Store):
                 db.execute("BEGIN IMMEDIATE")
                 db.execute("DELETE FROM journal WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM audit WHERE session_id = ?", (session_id,))
                 last = self._put_events(db, events)
                 db.execute("COMMIT")
@@ -396,6 +443,13 @@ class SqliteStore(Store):
                 "SELECT kind, at, by, data FROM audit WHERE session_id = ? ORDER BY id", (session_id,)
             ).fetchall()
         return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=load_json(row[3])) for row in rows]
+
+
+def _put_messages(db: sqlite3.Connection, session_id: str, first: int, messages: Sequence[object]) -> None:
+    db.executemany(
+        "INSERT OR REPLACE INTO messages (session_id, seq, body) VALUES (?, ?, ?)",
+        [(session_id, first + i, dump_json(message)) for i, message in enumerate(messages)],
+    )
 
 
 def _rollback(db: sqlite3.Connection) -> None:

@@ -121,6 +121,9 @@ def test_a_long_history_survives_appends_edits_and_a_restart(start_server: Calla
     assert server.stop() == 0
     again = start_server(AGENT, "--workers", "1", "--store", url)
     assert history(again, sid) == expected
+    assert again.stop() == 0
+    # A row a message, numbered from 0, and the history column of earlier versions empty.
     with closing(sqlite3.connect(tmp_path / "s.db")) as db:
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert "sessions" in tables
+        seqs = [row[0] for row in db.execute("SELECT seq FROM messages WHERE session_id = ? ORDER BY seq", (sid,))]
+        assert seqs == list(range(len(expected)))
+        assert db.execute("SELECT state FROM sessions WHERE session_id = ?", (sid,)).fetchone() == ("",)

@@ -17,6 +17,8 @@ be re-driven from its journal by a fresh process (replay) after parking or a res
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -133,14 +135,49 @@ class Result:
 
 
 def unchanged_prefix(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> int:
-    """How many leading messages ``new`` has equal to ``old``'s. Compared by value, as
-    JSON-ready dicts, never by identity: an agent may edit a message of its state in place."""
+    """How many leading messages ``new`` has that are ``old``'s exactly, as JSON: by value
+    and type (``1``, ``1.0`` and ``True`` are equal in Python, not in JSON), keys in the same
+    order, never by identity (an agent may edit a message of its state in place; ``old``
+    must be a copy it never reached)."""
     kept = 0
     for before, after in zip(old, new):
-        if before != after:
+        if before != after or not same_json(before, after):  # the first test rejects fast
             break
         kept += 1
     return kept
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON-ready values would be written as the same JSON text."""
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return list(a) == list(b) and all(same_json(value, b[key]) for key, value in a.items())
+    if kind is list:
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    if kind is float:  # -0.0 == 0.0, and NaN is never equal: such a message is written again
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return bool(a == b)
+
+
+def result_problem(result: Result) -> str | None:
+    """Why a ``Result`` is not one a worker of ours sends (a process the agent wrote to
+    itself), or None: the response must be a dict, the messages a list of dicts, all of it
+    JSON-ready (what the store and the API write). Only the messages sent are checked: the
+    ones kept are the server's own."""
+    if type(result.response) is not dict:
+        return f"its response is not a dict ({type(result.response).__name__})"
+    if type(result.state) is not list:
+        return f"its state is not a list ({type(result.state).__name__})"
+    for item in result.state:
+        if type(item) is not dict:
+            return f"its state holds something other than a dict ({type(item).__name__})"
+    try:
+        json.dumps([result.response, result.state])
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"it is not JSON: {type(exc).__name__}: {exc}"
+    return None
 
 
 def resulting_state(job_state: list[dict[str, Any]], result: Result) -> tuple[list[dict[str, Any]], int]:

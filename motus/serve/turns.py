@@ -84,7 +84,7 @@ from motus.serve.events import ALL, Events
 from motus.serve.journal import canonical_payload, pack, unpack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
-from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, resulting_state
+from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, result_problem, resulting_state
 from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -1002,6 +1002,10 @@ class Turns:
             if message.ack:
                 after.sends.append((handle, Ack(message.entry.seq)))
         elif isinstance(message, Result):
+            problem = result_problem(message)
+            if problem is not None:  # the history stays as it was
+                self._end_locked(session, turn, error=f"Worker sent a malformed result: {problem}", after=after)
+                return
             state, kept = resulting_state(handle.job.state, message)
             # The store holds the session's state as it was when the job was made, so the
             # messages kept need not be written again; checked by identity, cheaply, in case

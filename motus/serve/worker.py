@@ -20,6 +20,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import pickle
@@ -89,11 +90,12 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
     elif loop is not None:
         _warm_up(loop)
     try:
-        job = conn.recv()
+        sent = conn.recv_bytes()
     except (EOFError, OSError):
         if loop is not None:
             loop.close()
         return  # never given a job: the pool is closing
+    job = ForkingPickler.loads(sent)  # what Connection.recv does; the bytes are kept (_as_sent)
     if not isinstance(job, Job):
         conn.send(Failure(error=f"Worker expected a Job, got {type(job).__name__}"))
         return
@@ -104,7 +106,7 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
     try:
         # A zygote's child exits with os._exit as soon as this returns, which releases all
         # the loop holds; so when the turn left nothing to clean up, the clean-up is skipped.
-        _run_on(loop, _run_and_report(conn, agent, job, reader_thread=not forked_by_zygote), exiting=forked_by_zygote)
+        _run_on(loop, _run_and_report(conn, agent, job, reader_thread=not forked_by_zygote, sent=sent), exiting=forked_by_zygote)
     finally:
         channel = interrupt_module._channel
         interrupt_module._install(None)
@@ -140,7 +142,8 @@ def rehearse() -> Result:
         try:
             asyncio.set_event_loop(loop)
             loop.add_reader(server.fileno(), _answer_as_server, loop, server, outcomes)
-            turn = _run_and_report(conn, _rehearsal_agent, conn.recv(), reader_thread=False)
+            sent = conn.recv_bytes()
+            turn = _run_and_report(conn, _rehearsal_agent, ForkingPickler.loads(sent), reader_thread=False, sent=sent)
             _run_on(loop, asyncio.wait_for(turn, REHEARSAL_SECONDS))
         finally:
             interrupt_module._install(None)
@@ -185,10 +188,11 @@ def _answer_as_server(loop: asyncio.AbstractEventLoop, server: Connection, outco
         outcomes.append(message)
 
 
-async def _run_and_report(conn: Connection, agent: Any, job: Job, reader_thread: bool = True) -> None:
+async def _run_and_report(conn: Connection, agent: Any, job: Job, reader_thread: bool = True, sent: bytes | None = None) -> None:
     """Send the outcome from inside the loop, before the loop's clean-up (which joins the
-    default executor's threads) so the client does not wait for it."""
-    outcome = await _run_job(conn, agent, job, reader_thread)
+    default executor's threads) so the client does not wait for it. ``sent``: the job as it
+    came over the pipe (see ``_as_sent``)."""
+    outcome = await _run_job(conn, agent, job, reader_thread, sent)
     try:
         conn.send(outcome)
     except OSError:
@@ -265,7 +269,7 @@ def _clean_up(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool = True) -> Result | Failure:
+async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool = True, sent: bytes | None = None) -> Result | Failure:
     channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts, grants=job.grants)
     journal = Journal(job.journal, channel)
     interrupt_module._install(channel)
@@ -289,8 +293,21 @@ async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool =
     except TypeError as exc:
         return Failure(error=f"TypeError: {exc}")
     state = [item.model_dump(mode="json") for item in new_state]
-    kept = unchanged_prefix(job.state, state)
+    kept = unchanged_prefix(_as_sent(job, sent), state)
     return Result(response=response.model_dump(mode="json"), state=state[kept:], kept=kept)
+
+
+def _as_sent(job: Job, sent: bytes | None) -> list[dict[str, Any]]:
+    """The job's history as the server sent it, in objects the agent never reached. A model
+    validated from a message may hold the very lists and dicts nested in it (pydantic copies
+    a dict field, not what is inside it), so an agent's edit in place shows on ``job.state``
+    too, and comparing with that would keep the old message. Unpickling the bytes again
+    costs ~0.25 ms for 500 KB of history, paid only by a turn that has one."""
+    if not job.state:
+        return []
+    if sent is None:
+        return copy.deepcopy(job.state)
+    return ForkingPickler.loads(sent).state
 
 
 def format_agent_traceback(exc: BaseException) -> str:

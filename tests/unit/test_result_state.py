@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from motus.serve.protocol import Result, resulting_state, unchanged_prefix
+from motus.serve.protocol import Result, result_problem, resulting_state, unchanged_prefix
 
 A, B, C, D = ({"role": "user", "content": x} for x in "abcd")
 REPLY = {"role": "assistant", "content": "r"}
@@ -49,3 +49,51 @@ def test_the_job_state_is_not_changed() -> None:
     state, _ = resulting_state(job_state, Result(response=REPLY, state=[C], kept=2))
     state.append(D)
     assert job_state == [A, B]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (1, True),
+        (0, False),
+        (1, 1.0),
+        (0.0, -0.0),
+        (float("nan"), float("nan")),  # never equal: such a message is simply written again
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),  # keys in another order are written in that order
+        ({"tags": ["a"]}, {"tags": ["a", "b"]}),
+        ({"n": {"x": 1}}, {"n": {"x": 1.0}}),
+        ([1, [2]], [1, [2.0]]),
+        (None, 0),
+        ("1", 1),
+    ],
+)
+def test_values_python_calls_equal_and_json_does_not_are_a_change(before: object, after: object) -> None:
+    old = [{"role": "user", "content": "x", "user_params": {"v": before}}]
+    new = [{"role": "user", "content": "x", "user_params": {"v": after}}]
+    assert unchanged_prefix(old, new) == 0
+    assert unchanged_prefix(old, [{"role": "user", "content": "x", "user_params": {"v": before}}]) == (0 if before != before else 1)
+
+
+def test_equal_nested_values_are_kept() -> None:
+    message = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}],
+               "user_params": {"a": [1, 2.5, {"b": None, "c": True}], "d": -0.0}}
+    copy = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}],
+            "user_params": {"a": [1, 2.5, {"b": None, "c": True}], "d": -0.0}}
+    assert unchanged_prefix([message], [copy, REPLY]) == 1
+
+
+@pytest.mark.parametrize(
+    ("result", "problem"),
+    [
+        (Result(response=REPLY, state=[A]), None),
+        (Result(response=REPLY, state=[]), None),
+        (Result(response=None, state=[A]), "its response is not a dict (NoneType)"),  # type: ignore[arg-type]
+        (Result(response=REPLY, state=None), "its state is not a list (NoneType)"),  # type: ignore[arg-type]
+        (Result(response=REPLY, state=(A,)), "its state is not a list (tuple)"),  # type: ignore[arg-type]
+        (Result(response=REPLY, state=[A, 5]), "its state holds something other than a dict (int)"),  # type: ignore[list-item]
+        (Result(response=REPLY, state=[{"content": object()}]), "it is not JSON: TypeError: Object of type object is not JSON serializable"),
+        (Result(response={"content": {1}}, state=[]), "it is not JSON: TypeError: Object of type set is not JSON serializable"),
+    ],
+)
+def test_result_problem(result: Result, problem: str | None) -> None:
+    assert result_problem(result) == problem

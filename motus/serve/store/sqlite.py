@@ -191,12 +191,13 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"Cannot open store {self.url}: {exc}") from None
         try:
-            self._check_version(conn)  # before anything is written: a refused file stays as it was
+            version = self._check_version(conn)  # before anything is written: a refused file stays as it was
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             self._migrate(conn)
             conn.executescript(_SCHEMA)
-            self._move_histories(conn)
+            if version != SQLITE_SCHEMA_VERSION:
+                self._move_histories(conn)  # and records the version
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"Store {self.path} is not a usable SQLite database ({exc}); move it away or choose another --store") from None
@@ -205,11 +206,12 @@ class SqliteStore(Store):
             raise
         self._conn = conn
 
-    def _check_version(self, conn: sqlite3.Connection) -> None:
+    def _check_version(self, conn: sqlite3.Connection) -> int | None:
+        """The file's schema version (None for a new file); refuses a newer one."""
         has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if has_meta else None
         if row is None:
-            return  # a new file (or one from before versions): created below
+            return None  # a new file (or one from before versions): created below
         try:
             version = int(row[0])
         except ValueError:
@@ -219,6 +221,7 @@ class SqliteStore(Store):
                 f"Store {self.path} has schema version {version}, newer than this motus understands "
                 f"({SQLITE_SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
             )
+        return version
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -237,10 +240,13 @@ class SqliteStore(Store):
     def _move_histories(conn: sqlite3.Connection) -> None:
         """Version 3: move each history kept whole in ``sessions.state`` (versions 1 and 2)
         into ``messages``, and set the version, in one transaction: a crash half-way leaves
-        the file as it was, and the next open does it again."""
+        the file as it was, and the next open does it again. A file already at version 3 is
+        not looked through again."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for session_id, state in conn.execute("SELECT session_id, state FROM sessions WHERE state <> ''").fetchall():
+            # One history in memory at a time, however large the file.
+            for (session_id,) in conn.execute("SELECT session_id FROM sessions WHERE state <> ''").fetchall():
+                (state,) = conn.execute("SELECT state FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
                 _put_messages(conn, session_id, 0, load_json(state))
                 conn.execute("UPDATE sessions SET state = '' WHERE session_id = ?", (session_id,))
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SQLITE_SCHEMA_VERSION),))

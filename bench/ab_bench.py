@@ -27,6 +27,7 @@ checkouts of this repository. Differences under ~0.1 ms a turn stay within the n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -106,10 +107,18 @@ def bench_process(trees: list[Path], turns: int, history: int) -> None:
 def bench_server(trees: list[Path], slices: int, seconds: float, store: str, history: int = 0) -> None:
     preload = long_history(history)
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        cluster = None
+        if store == "postgresql":  # a throwaway cluster, a database each
+            from tests.pg import Cluster
+
+            cluster = stack.enter_context(Cluster())
         try:
             for index, tree in enumerate(trees):
-                url = f"sqlite:///{tmp}/ab{index}.db" if store == "sqlite" else store
+                if cluster is not None:
+                    url = cluster.create_database()
+                else:
+                    url = f"sqlite:///{tmp}/ab{index}.db" if store == "sqlite" else store
                 served = Served(f"ab{index}", "--workers", "2", "--store", url, "--max-sessions", "0", agent=AGENT,
                                 settle=0, log="ab", root=tree)
                 runs.append({"tree": tree, "served": served, "url": f"http://127.0.0.1:{served.port}", "turns": 0,
@@ -147,7 +156,7 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=8, help="server part: slices per version")
     parser.add_argument("--server-history", type=int, default=0, help="server part: preload each session with N messages of 2 KB")
     parser.add_argument("--slice", type=float, default=1.5, help="server part: seconds per slice")
-    parser.add_argument("--store", default="sqlite", help="server part: sqlite (a file each) or memory")
+    parser.add_argument("--store", default="sqlite", help="server part: sqlite (a file each), postgresql (a throwaway cluster, a database each) or memory")
     args = parser.parse_args()
     trees = [args.before.resolve(), args.after.resolve()]
     for tree in trees:

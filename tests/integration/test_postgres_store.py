@@ -4,6 +4,7 @@ behaviour is in ``tests/integration/serve/test_several_instances.py``."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 
@@ -12,7 +13,7 @@ import pytest
 
 from motus.serve.journal import pack, unpack
 from motus.serve.protocol import INTERRUPT, JournalEntry
-from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, StoreError, TurnRecord, store_from_url
+from motus.serve.store import SCHEMA_VERSION, AuditRecord, Event, SessionRecord, StaleSession, StoreError, TurnRecord, store_from_url
 from motus.serve.store.postgres import PostgresStore
 from tests.conftest import free_port
 
@@ -192,3 +193,96 @@ def test_an_unreachable_database_is_one_line_naming_where_without_the_password()
     message = str(caught.value)
     assert f"127.0.0.1:{port}/motus" in message and "hunter2" not in message and "\n" not in message
     assert "hunter2" not in store.url
+
+
+# -- version 3: the history, a row a message ----------------------------------------------------
+
+HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} \u0000 \ud800"} for i in range(60)]
+
+
+def history_rows(url: str, session_id: str = "s1") -> list[int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [row[0] for row in conn.execute("SELECT seq FROM motus_messages WHERE session_id = %s ORDER BY seq", (session_id,))]
+
+
+@pytest.mark.parametrize(
+    ("new", "kept"),
+    [
+        ([*HISTORY, MESSAGE], 60),  # appended
+        ([*HISTORY[:20], MESSAGE, *HISTORY[21:]], 20),  # an edit in the middle
+        (HISTORY[:5], 5),  # shorter
+        ([MESSAGE], 0),  # replaced
+        ([], 0),
+        (HISTORY, 60),  # unchanged
+        ([MESSAGE], 99),  # a kept past the new history: written whole
+    ],
+)
+def test_a_history_is_stored_as_rows_and_a_save_writes_what_follows_kept(
+    pg_url: str, stores: list[PostgresStore], new: list[dict], kept: int
+) -> None:
+    a, b = stores
+    created = record(state=HISTORY)
+    a.save(created)
+    assert history_rows(pg_url) == list(range(60))
+    changed = record(version=created.version, state=new, kept=kept)
+    a.save(changed)
+    assert history_rows(pg_url) == list(range(len(new)))
+    loaded = b.load_one("s1")
+    assert loaded is not None and loaded.state == new and loaded.version == changed.version
+    assert [r.state for r in b.load()] == [new]
+
+
+def test_a_kept_the_rows_do_not_bear_out_is_a_stale_session_that_changed_nothing(pg_url: str, stores: list[PostgresStore]) -> None:
+    """The caller says 50 messages are stored; only 10 are. The transaction is refused whole
+    (the caller reads the session again and writes it whole)."""
+    a, b = stores
+    created = record(state=HISTORY[:10])
+    a.save(created)
+    with pytest.raises(StaleSession):
+        a.save(record(version=created.version, state=HISTORY, kept=50, status="error", error="x"))
+    loaded = b.load_one("s1")
+    assert loaded is not None and loaded.state == HISTORY[:10] and (loaded.version, loaded.status) == (created.version, "idle")
+    again = record(version=created.version, state=HISTORY, kept=0)
+    a.save(again)
+    assert b.load_one("s1").state == HISTORY  # type: ignore[union-attr]
+
+
+def test_a_deleted_session_leaves_no_rows_and_its_id_starts_afresh(pg_url: str, stores: list[PostgresStore]) -> None:
+    a, b = stores
+    created = record(state=HISTORY)
+    a.save(created)
+    b.delete("s1")
+    assert history_rows(pg_url) == []
+    a.save(record(state=[MESSAGE]))
+    assert b.load_one("s1").state == [MESSAGE]  # type: ignore[union-attr]
+
+
+def test_a_version_2_database_has_its_histories_moved_to_rows_by_the_first_start(pg_url: str) -> None:
+    made = PostgresStore(pg_url)
+    made.open()
+    made.save(record("kept", state=[]))
+    made.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # what version 2 left: whole histories, no rows
+        conn.execute("DROP TABLE motus_messages")
+        conn.execute("UPDATE motus_meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute(
+            "INSERT INTO motus_sessions (session_id, status, state, turn_id, touched, version) VALUES "
+            "('v2-a', 'idle', %s, 0, 2.0, 1), ('v2-b', 'idle', %s, 0, 3.0, 1), ('v2-c', 'idle', '[]', 0, 4.0, 1)",
+            (json.dumps(HISTORY), json.dumps([MESSAGE])),
+        )
+    stores = [PostgresStore(pg_url), PostgresStore(pg_url)]
+    threads = [threading.Thread(target=store.open) for store in stores]  # two instances start together
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        loaded = {r.session_id: r.state for r in stores[1].load()}
+        assert loaded == {"kept": [], "v2-a": HISTORY, "v2-b": [MESSAGE], "v2-c": []}
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            assert {row[0] for row in conn.execute("SELECT state FROM motus_sessions")} == {""}
+            assert conn.execute("SELECT count(*) FROM motus_messages").fetchone()[0] == 61
+            assert conn.execute("SELECT value FROM motus_meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    finally:
+        for store in stores:
+            store.close()

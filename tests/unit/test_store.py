@@ -26,7 +26,7 @@ from motus.serve.store import (
     default_store_url,
     store_from_url,
 )
-from motus.serve.store.sqlite import SQLITE_SCHEMA_VERSION, SqliteStore
+from motus.serve.store.sqlite import SqliteStore
 
 MESSAGE = {"role": "user", "content": "héllo"}
 REPLY = {"role": "assistant", "content": "hi"}
@@ -201,7 +201,7 @@ def test_check_opens_and_closes(db_path: Path) -> None:
     store.check()
     store.check()
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SQLITE_SCHEMA_VERSION),)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
     conn.close()
 
 
@@ -242,7 +242,7 @@ def test_a_file_from_a_newer_motus_is_refused_and_not_modified(db_path: Path) ->
     with pytest.raises(StoreError) as refused:
         store.open()
     message = str(refused.value)
-    assert "\n" not in message and "schema version 99" in message and f"({SQLITE_SCHEMA_VERSION})" in message
+    assert "\n" not in message and "schema version 99" in message and f"({SCHEMA_VERSION})" in message
     assert db_path.read_bytes() == before
     with pytest.raises(StoreError, match="schema version 99"):  # and the claim was released
         store.open()
@@ -354,7 +354,7 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_sessions(db_path: P
     finally:
         store.close()
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SQLITE_SCHEMA_VERSION)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     conn.close()
     assert reopen_path(db_path)[0].grants == {"delete_file": {"by": "ops", "at": 1.0}}
 
@@ -512,7 +512,7 @@ def test_a_version_2_file_has_its_histories_moved_to_rows_once(db_path: Path) ->
     with closing(sqlite3.connect(db_path)) as conn:
         assert {row[0] for row in conn.execute("SELECT state FROM sessions")} == {""}
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SQLITE_SCHEMA_VERSION)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     # Opened again, nothing moves twice.
     assert {r.session_id: r.state for r in reopen_path(db_path)} == loaded
     with closing(sqlite3.connect(db_path)) as conn:

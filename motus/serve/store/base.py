@@ -26,8 +26,10 @@ from typing import Any
 from motus.serve.protocol import JournalEntry
 
 #: The schema version this code writes and understands. 2 added the event log, the audit
-#: records, a session's grants, and an interrupt's creation time, expiry and default.
-SCHEMA_VERSION = 2
+#: records, a session's grants, and an interrupt's creation time, expiry and default. 3
+#: keeps a session's history as a row a message (``messages`` / ``motus_messages``), so a
+#: turn writes only what it changed; the ``state`` column of earlier versions holds ``''``.
+SCHEMA_VERSION = 3
 
 #: How many events a store keeps for clients that reconnect (``Last-Event-ID``); older ones
 #: are pruned, and a client asking for them is told to reload (a ``reset`` event).

@@ -22,6 +22,12 @@ Guarantees (the contract is "Several instances" in the durability spec):
   lapsed, with ``FOR UPDATE SKIP LOCKED``, so each is taken by exactly one instance.
   Times are the database's own clock, the one clock every instance shares.
 - The schema has a version in ``motus_meta``; a database written by a newer motus is refused.
+  A database from version 2 has each session's history moved to ``motus_messages`` (a row a
+  message) by the first instance of version 3 to start, in one transaction: stop every
+  instance of the earlier version first, since they read and write the history whole.
+- A save with a history writes only the rows past ``SessionRecord.kept``, after checking in
+  the same transaction that the rows before it are there (otherwise ``StaleSession``: the
+  caller reads the session again and writes it whole).
 
 Threads: a ``psycopg_pool.ConnectionPool`` serves every thread (one connection per call,
 returned at once); the listener thread has its own connection. ``_recent`` and ``_pulled``
@@ -136,6 +142,12 @@ CREATE TABLE IF NOT EXISTS motus_audit (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS motus_audit_by_session ON motus_audit (session_id, id);
+CREATE TABLE IF NOT EXISTS motus_messages (
+    session_id TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
 CREATE TABLE IF NOT EXISTS motus_leases (
     instance_id TEXT PRIMARY KEY,
     expires TIMESTAMPTZ NOT NULL,
@@ -201,6 +213,7 @@ class PostgresStore(Store):
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(7231)")  # instances starting together
             exists = conn.execute("SELECT to_regclass('motus_meta') IS NOT NULL").fetchone()[0]
+            version = None
             if exists:
                 row = conn.execute("SELECT value FROM motus_meta WHERE key = 'schema_version'").fetchone()
                 if row is not None:
@@ -214,11 +227,23 @@ class PostgresStore(Store):
                             f"understands ({SCHEMA_VERSION}); upgrade motus. The database was not changed."
                         )
             conn.execute(_SCHEMA)
+            if version != SCHEMA_VERSION:
+                self._move_histories(conn)
             conn.execute(
                 "INSERT INTO motus_meta (key, value) VALUES ('schema_version', %s) "
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
                 (str(SCHEMA_VERSION),),
             )
+
+    @staticmethod
+    def _move_histories(conn: Any) -> None:
+        """Version 3: move each history kept whole in ``motus_sessions.state`` into
+        ``motus_messages``, one history in memory at a time (in the caller's transaction)."""
+        for (session_id,) in conn.execute("SELECT session_id FROM motus_sessions WHERE state <> ''").fetchall():
+            (state,) = conn.execute("SELECT state FROM motus_sessions WHERE session_id = %s", (session_id,)).fetchone()
+            conn.execute("DELETE FROM motus_messages WHERE session_id = %s", (session_id,))
+            _put_messages(conn, session_id, 0, load_json(state))
+            conn.execute("UPDATE motus_sessions SET state = '' WHERE session_id = %s", (session_id,))
 
     def close(self) -> None:
         self._closing.set()
@@ -254,9 +279,12 @@ class PostgresStore(Store):
                 "ORDER BY j.session_id, j.seq"
             ):
                 journals.setdefault(row[0], []).append(_entry(row[1:]))
+            histories: dict[str, list[str]] = {}
+            for session_id, body in conn.execute("SELECT session_id, body FROM motus_messages ORDER BY session_id, seq"):
+                histories.setdefault(session_id, []).append(body)
             rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM motus_sessions ORDER BY touched").fetchall()
         for row in rows:
-            yield _session(row, journals.get(row[0], []))
+            yield _session(row, journals.get(row[0], []), histories.get(row[0], []))
 
     def load_one(self, session_id: str) -> SessionRecord | None:
         with self._conn() as conn:
@@ -269,7 +297,10 @@ class PostgresStore(Store):
                     f"SELECT {_JOURNAL_COLUMNS} FROM motus_journal WHERE session_id = %s AND turn_id = %s ORDER BY seq",
                     (session_id, row[5]),
                 ).fetchall()
-        return _session(row, [_entry(e) for e in entries])
+                history = conn.execute(
+                    "SELECT body FROM motus_messages WHERE session_id = %s ORDER BY seq", (session_id,)
+                ).fetchall()
+        return _session(row, [_entry(e) for e in entries], [body for (body,) in history])
 
     def version_of(self, session_id: str) -> int | None:
         with self._conn() as conn:
@@ -299,7 +330,7 @@ class PostgresStore(Store):
                 # (deleted, then created again): a copy of that one never looks current.
                 f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
                 f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
-                (record.session_id, record.status, dump_json(record.state or []), dump_json(record.response), record.error,
+                (record.session_id, record.status, "", dump_json(record.response), record.error,
                  record.turn_id, record.touched, turn_text, grants, record.owner),
             )
         elif record.state is None:
@@ -314,7 +345,7 @@ class PostgresStore(Store):
                 "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, "
                 "touched = %s, turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s "
                 "RETURNING version",
-                (record.status, dump_json(record.state), dump_json(record.response), record.error, record.turn_id,
+                (record.status, "", dump_json(record.response), record.error, record.turn_id,
                  record.touched, turn_text, grants, new_version, record.owner, record.session_id, record.version),
             )
         with self._conn() as conn:
@@ -325,6 +356,8 @@ class PostgresStore(Store):
                 # everything after it, events and notice included, is rolled back.
                 with conn.pipeline(), conn.transaction():
                     written = conn.execute(f"WITH written AS ({write[0]}) SELECT 1 / count(*), max(version) FROM written", write[1])
+                    if record.state is not None or record.version == 0:
+                        self._put_history(conn, record.session_id, record.state or [], record.kept if record.version else 0)
                     if turn is None:
                         conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (record.session_id,))
                     else:
@@ -347,6 +380,25 @@ class PostgresStore(Store):
         record.version = new_version
         self._remember(events)
         return last
+
+    @staticmethod
+    def _put_history(conn: Any, session_id: str, state: list[Any], kept: int) -> None:
+        """Make the session's ``motus_messages`` rows ``state``, writing only those past
+        ``kept``, in one statement of the caller's pipelined transaction (each statement
+        costs the database a little CPU, and this is once a turn). It first counts the rows
+        before ``kept``: if they are not all there, the count divides by zero, which aborts
+        the transaction (``StaleSession``: the caller reads the session again and writes
+        it whole). Rows past the new end are deleted; the others are written or replaced."""
+        if not 0 < kept <= len(state):
+            kept = 0
+        conn.execute(
+            "WITH gone AS (DELETE FROM motus_messages WHERE session_id = %(session)s AND seq >= %(end)s), "
+            "put AS (INSERT INTO motus_messages (session_id, seq, body) "
+            "SELECT %(session)s, %(kept)s + m.ord - 1, m.body FROM unnest(%(bodies)s::text[]) WITH ORDINALITY AS m(body, ord) "
+            "ON CONFLICT (session_id, seq) DO UPDATE SET body = EXCLUDED.body) "
+            "SELECT 1 / (count(*) = %(kept)s)::int FROM motus_messages WHERE session_id = %(session)s AND seq < %(kept)s",
+            {"session": session_id, "kept": kept, "end": len(state), "bodies": [dump_json(m) for m in state[kept:]]},
+        )
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
         with self._conn() as conn, conn.transaction():
@@ -439,6 +491,7 @@ class PostgresStore(Store):
             if cursor.rowcount != 1:
                 raise StaleSession(session_id)
             conn.execute("DELETE FROM motus_journal WHERE session_id = %s", (session_id,))
+            conn.execute("DELETE FROM motus_messages WHERE session_id = %s", (session_id,))
             conn.execute("DELETE FROM motus_audit WHERE session_id = %s", (session_id,))
             last = self._numbered(conn, events, self._put_events(conn, events))
             self._notify(conn, session_id, 0)
@@ -647,12 +700,22 @@ def _bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
 
-def _session(row: Sequence[Any], journal: list[JournalEntry]) -> SessionRecord:
-    session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner = row
+def _put_messages(conn: Any, session_id: str, first: int, messages: Sequence[Any]) -> None:
+    """Insert ``messages`` as rows ``first``, ``first + 1``, ... in one statement."""
+    if messages:
+        conn.execute(
+            "INSERT INTO motus_messages (session_id, seq, body) "
+            "SELECT %s, %s + m.ord - 1, m.body FROM unnest(%s::text[]) WITH ORDINALITY AS m(body, ord)",
+            (session_id, first, [dump_json(message) for message in messages]),
+        )
+
+
+def _session(row: Sequence[Any], journal: list[JournalEntry], history: list[str]) -> SessionRecord:
+    session_id, status, _state, response, error, turn_id, touched, turn, grants, version, owner = row
     return SessionRecord(
         session_id=session_id,
         status=status,
-        state=load_json(state),
+        state=[load_json(body) for body in history],
         response=load_json(response),
         error=error,
         turn_id=turn_id,

@@ -34,6 +34,7 @@ from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
     RECENT_EVENTS,
+    SCHEMA_VERSION,
     RecentEvents,
     AuditRecord,
     Event,
@@ -105,10 +106,9 @@ CREATE TABLE IF NOT EXISTS messages (
 ) WITHOUT ROWID;
 """
 
-#: This file's schema. Version 3 keeps the history in ``messages``, a row a message; the
-#: ``sessions.state`` column of versions 1 and 2 stays (a NOT NULL column cannot be dropped
-#: without rebuilding the table) and holds ``''``. PostgreSQL's schema has its own version.
-SQLITE_SCHEMA_VERSION = 3
+# Version 3 keeps the history in ``messages``, a row a message; the ``sessions.state``
+# column of versions 1 and 2 stays (a NOT NULL column cannot be dropped without rebuilding
+# the table) and holds ''.
 
 #: Columns version 2 added to tables version 1 already had (``ALTER TABLE ... ADD COLUMN``).
 _ADDED_IN_2 = {
@@ -196,7 +196,7 @@ class SqliteStore(Store):
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             self._migrate(conn)
             conn.executescript(_SCHEMA)
-            if version != SQLITE_SCHEMA_VERSION:
+            if version != SCHEMA_VERSION:
                 self._move_histories(conn)  # and records the version
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -216,10 +216,10 @@ class SqliteStore(Store):
             version = int(row[0])
         except ValueError:
             raise StoreError(f"Store {self.path} has an unreadable schema version {row[0]!r}; it was not written by motus") from None
-        if version > SQLITE_SCHEMA_VERSION:
+        if version > SCHEMA_VERSION:
             raise StoreError(
                 f"Store {self.path} has schema version {version}, newer than this motus understands "
-                f"({SQLITE_SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
+                f"({SCHEMA_VERSION}); upgrade motus, or use another --store. The file was not changed."
             )
         return version
 
@@ -249,7 +249,7 @@ class SqliteStore(Store):
                 (state,) = conn.execute("SELECT state FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
                 _put_messages(conn, session_id, 0, load_json(state))
                 conn.execute("UPDATE sessions SET state = '' WHERE session_id = ?", (session_id,))
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SQLITE_SCHEMA_VERSION),))
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)

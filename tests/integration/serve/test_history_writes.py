@@ -82,11 +82,14 @@ def run_steps(server: Server, sid: str, steps: list[str], start: list[tuple[str,
     return expected
 
 
-@pytest.mark.parametrize("store", ["memory", "sqlite"])
+@pytest.mark.parametrize("store", ["memory", "sqlite", "postgresql"])
 def test_the_stored_history_is_what_the_agent_returned_whatever_it_did_to_it(
-    start_server: Callable[..., Server], tmp_path: Path, store: str
+    start_server: Callable[..., Server], tmp_path: Path, store: str, request: pytest.FixtureRequest
 ) -> None:
-    url = "memory" if store == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    if store == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = "memory" if store == "memory" else f"sqlite:///{tmp_path / 's.db'}"
     server = start_server(AGENT, "--workers", "1", "--store", url)
     response = server.post("/sessions", json={"state": PRELOAD})
     assert response.status_code == 201, response.text
@@ -100,7 +103,7 @@ def test_the_stored_history_is_what_the_agent_returned_whatever_it_did_to_it(
     run_steps(server, other, ["append x", "edit 0 y", "drop 1"], [])
     assert history(server, sid) == expected
 
-    if store == "sqlite":
+    if store != "memory":
         assert server.stop() == 0
         again = start_server(AGENT, "--workers", "1", "--store", url)
         assert history(again, sid) == expected

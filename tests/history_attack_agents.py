@@ -30,7 +30,9 @@ this code. Commands (``I``, ``N`` are integers):
 ``hostile KIND`` and the forged ``Result`` carries ``state=[message, reply]`` (only the
 turn's own two messages) with ``kept`` bogus (``neg``, ``huge``, ``bool``, ``float``,
 ``str``, ``past`` = one past the job's state), or a ``state`` that is not a list of
-messages (``dict``, ``none``, ``int``, ``str-state``, ``ints``) and ``kept`` left at its default. A plain
+messages (``dict``, ``none``, ``int``, ``str-state``, ``ints``, ``not-json``) and ``kept``
+left at its default, or a response that is not a message (``response-none``,
+``response-list``, ``response-not-json``); ``failure-int`` writes ``Failure(error=5)``. A plain
 ``append`` works as in ``tricky``.
 
 ``parker`` edits the last message of its state in place and appends ``before``, asks a person (``interrupt``),
@@ -52,7 +54,7 @@ from pathlib import Path
 from motus.models import ChatMessage
 from motus.serve import interrupt as interrupt_module
 from motus.serve.interrupt import interrupt
-from motus.serve.protocol import Result
+from motus.serve.protocol import Failure, Result
 
 GATE_LIMIT_SECONDS = 20.0
 
@@ -125,6 +127,8 @@ def hostile(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage
         forged = Result(response=reply.model_dump(mode="json"), state=tail, kept=len(state) + 1)
     elif kind in _BOGUS_RESPONSE:
         forged = Result(response=_BOGUS_RESPONSE[kind], state=tail)  # type: ignore[arg-type]
+    elif kind == "failure-int":
+        forged = Failure(error=5)  # type: ignore[arg-type]
     else:
         forged = Result(response=reply.model_dump(mode="json"), state=_BOGUS_STATE[kind])  # type: ignore[arg-type]
     channel = interrupt_module._channel

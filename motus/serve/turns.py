@@ -89,6 +89,10 @@ from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, S
 
 log = logging.getLogger(__name__)
 
+#: A turn whose outcome the server failed to apply (a bug, or a fault in a collaborator such
+#: as a metrics hook): it ends with this rather than holding its slot for ever.
+OUTCOME_FAILED = "Turn ended: the server could not apply its outcome (see the server log)"
+
 T = TypeVar("T")
 
 #: How many no-longer-pending interrupt ids a session remembers, to explain a 404.
@@ -958,21 +962,32 @@ class Turns:
         if session is None or turn is None:
             return
         after = _After()
-        with session.lock:
-            if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
-                return  # a message from a process this turn no longer owns
-            turn.last_heard = time.monotonic()
-            if turn.backlog:
-                turn.backlog.append(message)
-            else:
-                try:
-                    self._apply_locked(session, turn, handle, message, after)
-                except ServerUnavailable as exc:
+        try:
+            with session.lock:
+                if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
+                    return  # a message from a process this turn no longer owns
+                turn.last_heard = time.monotonic()
+                if turn.backlog:
                     turn.backlog.append(message)
-                    turn.backlog_since = time.monotonic()
-                    log.warning("session %s: %s; the worker's message waits and is retried", session.session_id, exc.detail)
-                    self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
-        self._finish(after)
+                else:
+                    try:
+                        self._apply_locked(session, turn, handle, message, after)
+                    except ServerUnavailable as exc:
+                        turn.backlog.append(message)
+                        turn.backlog_since = time.monotonic()
+                        log.warning("session %s: %s; the worker's message waits and is retried", session.session_id, exc.detail)
+                        self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
+                    except Exception:
+                        # The pool marked the handle finished before reporting an outcome, so
+                        # nothing else would ever end this turn: it would hold its compute slot
+                        # and keep a graceful stop waiting. End it in error instead.
+                        if not isinstance(message, (Result, Failure)):
+                            raise
+                        log.exception("session %s: applying its turn's outcome failed; the turn ends in error", session.session_id)
+                        if turn.state is not TurnState.ENDED:
+                            self._end_locked(session, turn, error=OUTCOME_FAILED, after=after)
+        finally:
+            self._finish(after)  # what was decided before a failure (a slot freed) still happens
         if self._stopped and isinstance(message, Interrupt):
             self._settle_for_shutdown(session)  # nobody can answer it before the next start
 
@@ -1015,7 +1030,8 @@ class Turns:
                 kept = 0
             self._end_locked(session, turn, after=after, response=message.response, state=state, kept=kept)
         elif isinstance(message, Failure):
-            self._end_locked(session, turn, error=message.error, after=after)
+            error = message.error if type(message.error) is str else f"Worker sent a malformed failure: its error is not a str ({type(message.error).__name__})"
+            self._end_locked(session, turn, error=error, after=after)
         else:
             log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
 

@@ -33,6 +33,7 @@ from motus.serve.errors import (
     SessionNotFound,
 )
 from motus.serve.events import Events
+from motus.serve.metrics import Hooks
 from motus.serve.pool import Handle
 from motus.serve.journal import pack, unpack
 from motus.serve.protocol import STEP, TOOL, Ack, Failure, Interrupt, JournalEntry, Record, Result, Resume
@@ -41,6 +42,7 @@ from motus.serve.turns import (
     _MOVES,
     CANCELLED,
     NOT_WAITING,
+    OUTCOME_FAILED,
     TIMED_OUT,
     PendingInterrupt,
     SessionStatus,
@@ -880,3 +882,50 @@ def test_only_a_turn_that_asked_for_a_webhook_leaves_an_end_and_only_with_messag
         turns.start_turn(sid, MESSAGE, webhook)
         turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
     assert [(e.webhook, e.messages) for e in ends] == [({"url": "http://hook.test/"}, [])]
+
+
+# -- applying an outcome fails -----------------------------------------------------------------
+
+
+class _RaisingHooks(Hooks):
+    """A metrics hook with a bug: ``turn_ended`` raises (it runs once the turn has ended)."""
+
+    def turn_ended(self, outcome: str, seconds: float) -> None:
+        raise RuntimeError("a metrics backend with a bug")
+
+
+def test_a_failure_after_the_turn_ended_still_frees_its_slot_and_wakes_its_waiters(make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(max_workers=1)
+    turns.metrics = _RaisingHooks()
+    sid, other = turns.create().session_id, turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    turns.start_turn(other, MESSAGE)  # waits for the one compute slot
+    assert [h.session_id for h in pool.launched] == [sid]
+    turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
+    view = turns.get(sid)
+    assert (view.status, view.response) == (IDLE, REPLY)
+    assert [h.session_id for h in pool.launched] == [sid, other]  # the slot went to the next turn
+
+
+def test_an_outcome_that_cannot_be_applied_ends_the_turn_in_error(make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that raises while a result is applied, before the turn has ended. The pool has
+    already finished the handle, so without this nothing would ever end the turn."""
+    turns, pool = make_turns(max_workers=1)
+    sid, other = turns.create(state=[MESSAGE]).session_id, turns.create().session_id
+    real = Turns._end_locked
+    calls: list[str | None] = []
+
+    def end_locked(self: Turns, *args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs.get("error"))
+        if len(calls) == 1:
+            raise KeyError("a bug")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Turns, "_end_locked", end_locked)
+    turns.start_turn(sid, MESSAGE)
+    turns.start_turn(other, MESSAGE)
+    turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, MESSAGE, REPLY]))
+    view = turns.get(sid)
+    assert (view.status, view.error) == (ERROR, OUTCOME_FAILED)
+    assert turns.messages(sid) == [MESSAGE]  # the history as it was
+    assert [h.session_id for h in pool.launched] == [sid, other] and slots_in_use(turns) == 1

@@ -806,3 +806,21 @@ def test_sixteen_sessions_ten_interleaved_turns_each_keep_exactly_their_own_hist
     rows = stored_rows(path)
     for sid in sids:
         assert canon(rows[sid]) == canon(final[sid]), sid
+
+
+def test_a_forged_failure_whose_error_is_not_text_ends_the_turn_in_error(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """``Failure(error=5)`` written to the pipe by the agent's own process: the server used
+    to save it, then raise on ``error.strip()`` in the manager thread, leaving the turn
+    running for ever with its compute slot (the same hang as a malformed result)."""
+    server = start_server(HOSTILE, "--workers", "1", "--store", sqlite_url(tmp_path / "s.db"))
+    bystander = create(server, SMALL)
+    sid = create(server, SMALL)
+    server.send(sid, "hostile failure-int")
+    with killed_if_failing(server):
+        body = settled(server, sid)
+        assert body["status"] == "error", body
+        assert body["error"] == "Worker sent a malformed failure: its error is not a str (int)", body
+        assert canon(history(server, sid)) == canon(SMALL)
+        turn(server, bystander, "append")  # the only compute slot was given back
+        assert canon(history(server, bystander)) == canon([*SMALL, user("append"), done("append")])
+    assert server.stop() == 0

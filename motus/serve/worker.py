@@ -15,6 +15,10 @@ Guarantees:
 - An agent the process cannot load fails the turn with one line saying so.
 - The process runs in its own process group, so the pool can end everything the agent
   started when the turn is cancelled.
+- A ``Result`` carries the messages after the longest run of leading messages the agent
+  left exactly as they came (as JSON, compared with a copy of the job the agent never
+  reached), and how many those are (``kept``): the server puts the whole history back
+  together from the job's, and stores only what changed.
 """
 
 from __future__ import annotations

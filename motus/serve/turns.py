@@ -997,9 +997,12 @@ class Turns:
         changed first (an answer given there, a delete) is read again and the message
         applied to it; if the turn is no longer this instance's, the message is dropped and
         the worker stopped (by the refresh)."""
-        for _ in range(STALE_RETRIES):
+        for attempt in range(STALE_RETRIES):
             try:
-                self._apply_once_locked(session, turn, handle, message, after)
+                # After a refusal, a result's history is written whole: the refusal may have
+                # been the store finding fewer of the kept messages than it was told (rows
+                # changed without the version), which reading the row again does not mend.
+                self._apply_once_locked(session, turn, handle, message, after, whole_history=attempt > 0)
                 return
             except StaleSession:
                 session.stale = True
@@ -1008,7 +1011,9 @@ class Turns:
                     return
         raise ServerUnavailable(f"Session {session.session_id} kept changing on other instances")
 
-    def _apply_once_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
+    def _apply_once_locked(
+        self, session: Session, turn: Turn, handle: Handle, message: object, after: _After, whole_history: bool = False
+    ) -> None:
         if isinstance(message, Interrupt):
             self._interrupted_locked(session, turn, message, after)
         elif isinstance(message, Record):
@@ -1026,7 +1031,7 @@ class Turns:
             # messages kept need not be written again; checked by identity, cheaply, in case
             # the session's state was replaced since (then everything is written).
             stored = session.state
-            if kept > len(stored) or any(a is not b for a, b in zip(stored[:kept], handle.job.state)):
+            if whole_history or kept > len(stored) or any(a is not b for a, b in zip(stored[:kept], handle.job.state)):
                 kept = 0
             self._end_locked(session, turn, after=after, response=message.response, state=state, kept=kept)
         elif isinstance(message, Failure):

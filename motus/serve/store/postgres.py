@@ -211,7 +211,12 @@ class PostgresStore(Store):
 
     def _create_schema(self, conn: Any) -> None:
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(7231)")  # instances starting together
+            # Instances starting together wait here for the first, however long it takes to
+            # move a large version 2 database's histories (the connection's timeouts would
+            # give up after 5 s of waiting for the lock, or 15 s of a statement).
+            conn.execute("SET LOCAL lock_timeout = 0")
+            conn.execute("SET LOCAL statement_timeout = 0")
+            conn.execute("SELECT pg_advisory_xact_lock(7231)")
             exists = conn.execute("SELECT to_regclass('motus_meta') IS NOT NULL").fetchone()[0]
             version = None
             if exists:
@@ -271,7 +276,10 @@ class PostgresStore(Store):
     # -- reading ---------------------------------------------------------------------
 
     def load(self) -> Iterator[SessionRecord]:
-        with self._conn() as conn:
+        """Every session, read in one snapshot: a history committed between two of the reads
+        would otherwise be paired with a row of another version, and served as current."""
+        with self._conn() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             journals: dict[str, list[JournalEntry]] = {}
             for row in conn.execute(
                 "SELECT j.session_id, " + ", ".join("j." + c.strip() for c in _JOURNAL_COLUMNS.split(",")) +

@@ -25,7 +25,10 @@ async def stamped(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatM
     words = (message.content or "").split(" ")
     if words[0] == "gate":
         root = Path(os.environ["MOTUS_EXAMPLE_DIR"])
-        (root / f"started-{words[1]}").write_text(str(os.getpid()))
+        # Written whole, then renamed: a test that sees the file can read the pid at once.
+        partial = root / f".started-{words[1]}.{os.getpid()}"
+        partial.write_text(str(os.getpid()))
+        os.replace(partial, root / f"started-{words[1]}")
         deadline = time.monotonic() + GATE_LIMIT_SECONDS
         while not (root / f"release-{words[1]}").exists() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

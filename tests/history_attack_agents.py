@@ -149,16 +149,23 @@ async def parker(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMe
     return reply, [*state, ChatMessage.user_message(f"answer {answer}"), message, reply]
 
 
+async def wait_at_gate(gate: str) -> None:
+    """Write ``started-GATE`` (holding this process' pid) in ``$MOTUS_EXAMPLE_DIR``, then wait
+    for ``release-GATE`` there, at most ``GATE_LIMIT_SECONDS`` (a failing test never leaves a
+    worker waiting for ever)."""
+    root = Path(os.environ["MOTUS_EXAMPLE_DIR"])
+    # Written whole, then renamed: a test that sees the file can read the pid at once.
+    partial = root / f".started-{gate}.{os.getpid()}"
+    partial.write_text(str(os.getpid()))
+    os.replace(partial, root / f"started-{gate}")
+    deadline = time.monotonic() + GATE_LIMIT_SECONDS
+    while not (root / f"release-{gate}").exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 async def gated(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:
     words = (message.content or "").split(" ")
     reply = _done(message)
     if words[0] == "gate":
-        root = Path(os.environ["MOTUS_EXAMPLE_DIR"])
-        # Written whole, then renamed: a test that sees the file can read the pid at once.
-        partial = root / f".started-{words[1]}.{os.getpid()}"
-        partial.write_text(str(os.getpid()))
-        os.replace(partial, root / f"started-{words[1]}")
-        deadline = time.monotonic() + GATE_LIMIT_SECONDS
-        while not (root / f"release-{words[1]}").exists() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await wait_at_gate(words[1])
     return reply, [*state, message, reply]

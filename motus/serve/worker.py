@@ -24,7 +24,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import os
 import pickle
@@ -110,7 +109,7 @@ def run_worker(conn: Connection, agent: Any, load_error: str | None, forked_by_z
     try:
         # A zygote's child exits with os._exit as soon as this returns, which releases all
         # the loop holds; so when the turn left nothing to clean up, the clean-up is skipped.
-        _run_on(loop, _run_and_report(conn, agent, job, reader_thread=not forked_by_zygote, sent=sent), exiting=forked_by_zygote)
+        _run_on(loop, _run_and_report(conn, agent, job, sent, reader_thread=not forked_by_zygote), exiting=forked_by_zygote)
     finally:
         channel = interrupt_module._channel
         interrupt_module._install(None)
@@ -147,7 +146,7 @@ def rehearse() -> Result:
             asyncio.set_event_loop(loop)
             loop.add_reader(server.fileno(), _answer_as_server, loop, server, outcomes)
             sent = conn.recv_bytes()
-            turn = _run_and_report(conn, _rehearsal_agent, ForkingPickler.loads(sent), reader_thread=False, sent=sent)
+            turn = _run_and_report(conn, _rehearsal_agent, ForkingPickler.loads(sent), sent, reader_thread=False)
             _run_on(loop, asyncio.wait_for(turn, REHEARSAL_SECONDS))
         finally:
             interrupt_module._install(None)
@@ -192,11 +191,11 @@ def _answer_as_server(loop: asyncio.AbstractEventLoop, server: Connection, outco
         outcomes.append(message)
 
 
-async def _run_and_report(conn: Connection, agent: Any, job: Job, reader_thread: bool = True, sent: bytes | None = None) -> None:
+async def _run_and_report(conn: Connection, agent: Any, job: Job, sent: bytes, reader_thread: bool = True) -> None:
     """Send the outcome from inside the loop, before the loop's clean-up (which joins the
     default executor's threads) so the client does not wait for it. ``sent``: the job as it
     came over the pipe (see ``_as_sent``)."""
-    outcome = await _run_job(conn, agent, job, reader_thread, sent)
+    outcome = await _run_job(conn, agent, job, sent, reader_thread)
     try:
         conn.send(outcome)
     except OSError:
@@ -273,7 +272,7 @@ def _clean_up(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool = True, sent: bytes | None = None) -> Result | Failure:
+async def _run_job(conn: Connection, agent: Any, job: Job, sent: bytes, reader_thread: bool = True) -> Result | Failure:
     channel = interrupt_module._Channel(conn, asyncio.get_running_loop(), job.max_interrupts, grants=job.grants)
     journal = Journal(job.journal, channel)
     interrupt_module._install(channel)
@@ -301,7 +300,7 @@ async def _run_job(conn: Connection, agent: Any, job: Job, reader_thread: bool =
     return Result(response=response.model_dump(mode="json"), state=state[kept:], kept=kept)
 
 
-def _as_sent(job: Job, sent: bytes | None) -> list[dict[str, Any]]:
+def _as_sent(job: Job, sent: bytes) -> list[dict[str, Any]]:
     """The job's history as the server sent it, in objects the agent never reached. A model
     validated from a message may hold the very lists and dicts nested in it (pydantic copies
     a dict field, not what is inside it), so an agent's edit in place shows on ``job.state``
@@ -309,8 +308,6 @@ def _as_sent(job: Job, sent: bytes | None) -> list[dict[str, Any]]:
     costs ~0.25 ms for 500 KB of history, paid only by a turn that has one."""
     if not job.state:
         return []
-    if sent is None:
-        return copy.deepcopy(job.state)
     return ForkingPickler.loads(sent).state
 
 

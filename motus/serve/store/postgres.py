@@ -246,8 +246,7 @@ class PostgresStore(Store):
         ``motus_messages``, one history in memory at a time (in the caller's transaction)."""
         for (session_id,) in conn.execute("SELECT session_id FROM motus_sessions WHERE state <> ''").fetchall():
             (state,) = conn.execute("SELECT state FROM motus_sessions WHERE session_id = %s", (session_id,)).fetchone()
-            conn.execute("DELETE FROM motus_messages WHERE session_id = %s", (session_id,))
-            _put_messages(conn, session_id, 0, load_json(state))
+            PostgresStore._put_history(conn, session_id, load_json(state), 0)
             conn.execute("UPDATE motus_sessions SET state = '' WHERE session_id = %s", (session_id,))
 
     def close(self) -> None:
@@ -706,16 +705,6 @@ def _entry(row: Sequence[Any]) -> JournalEntry:
 
 def _bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
-
-
-def _put_messages(conn: Any, session_id: str, first: int, messages: Sequence[Any]) -> None:
-    """Insert ``messages`` as rows ``first``, ``first + 1``, ... in one statement."""
-    if messages:
-        conn.execute(
-            "INSERT INTO motus_messages (session_id, seq, body) "
-            "SELECT %s, %s + m.ord - 1, m.body FROM unnest(%s::text[]) WITH ORDINALITY AS m(body, ord)",
-            (session_id, first, [dump_json(message) for message in messages]),
-        )
 
 
 def _session(row: Sequence[Any], journal: list[JournalEntry], history: list[str]) -> SessionRecord:

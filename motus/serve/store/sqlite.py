@@ -34,8 +34,8 @@ from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
     RECENT_EVENTS,
-    SCHEMA_VERSION,
     RecentEvents,
+    SCHEMA_VERSION,
     AuditRecord,
     Event,
     SessionRecord,

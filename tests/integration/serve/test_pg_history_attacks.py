@@ -572,7 +572,9 @@ def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_
         thread.start()
     try:
         def moving() -> psutil.Process | None:
-            rows = sql(pg_url, "SELECT client_port FROM pg_stat_activity WHERE query LIKE 'INSERT INTO motus_messages%%' "
+            # The move writes each history with the store's one history statement (a WITH
+            # whose INSERT INTO motus_messages is not at the start of the text).
+            rows = sql(pg_url, "SELECT client_port FROM pg_stat_activity WHERE query LIKE '%%INSERT INTO motus_messages%%' "
                                "AND pid <> pg_backend_pid()")
             return _process_with_port(rows[0][0]) if rows else None
 

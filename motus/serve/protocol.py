@@ -186,6 +186,76 @@ def result_problem(result: Result) -> str | None:
     return None
 
 
+def message_problem(message: object) -> str | None:
+    """Why a message read from a worker's pipe is not one a worker of ours sends (a process
+    the agent wrote to itself), or None. Named by what it claims to be: "a malformed
+    interrupt: ...". The server ends such a turn in error rather than apply half of it.
+
+    Only shapes are checked (types, JSON-ready payloads, a record's kind): what a real worker
+    makes is always right, so this never refuses one."""
+    if isinstance(message, Result):
+        problem = result_problem(message)
+        return None if problem is None else f"result: {problem}"
+    if isinstance(message, Failure):
+        return None if type(message.error) is str else f"failure: its error is not a str ({type(message.error).__name__})"
+    if isinstance(message, Interrupt):
+        problem = _interrupt_problem(message)
+        return None if problem is None else f"interrupt: {problem}"
+    if isinstance(message, Record):
+        problem = _record_problem(message)
+        return None if problem is None else f"record: {problem}"
+    return None  # anything else is ignored (and logged) by the server
+
+
+def _interrupt_problem(message: Interrupt) -> str | None:
+    if type(message.interrupt_id) is not str or not message.interrupt_id:
+        return "its id is not a non-empty str"
+    if type(message.payload) is not dict:
+        return f"its payload is not a dict ({type(message.payload).__name__})"
+    if not _is_int(message.seq) or message.seq < 0:
+        return "its seq is not an int >= 0"
+    if message.parent is not None and not _is_int(message.parent):
+        return "its parent is not an int"
+    timeout = message.timeout
+    if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
+        return "its timeout is not a finite number of seconds > 0"
+    return _not_json([message.payload, message.default])
+
+
+def _record_problem(message: Record) -> str | None:
+    entry = message.entry
+    if type(entry) is not JournalEntry:
+        return f"its entry is not a JournalEntry ({type(entry).__name__})"
+    if type(message.ack) is not bool:
+        return "its ack is not a bool"
+    if entry.kind not in (MODEL, TOOL, STEP):  # interrupts are journaled by the server itself
+        return f"its kind is not one a worker records ({entry.kind!r})"
+    if not _is_int(entry.seq) or entry.seq < 1:
+        return "its seq is not an int >= 1"
+    if type(entry.key) is not str or type(entry.label) is not str or type(entry.done) is not bool:
+        return "its key, label or done has the wrong type"
+    if entry.value is not None and type(entry.value) is not bytes:
+        return "its value is not bytes"
+    if entry.parent is not None and not _is_int(entry.parent):
+        return "its parent is not an int"
+    extra = (entry.ref, entry.payload, entry.answered_at, entry.answered_by, entry.created_at, entry.expires_at, entry.default)
+    if any(field is not None for field in extra):
+        return "it sets fields only the server sets (an interrupt's)"
+    return None
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _not_json(value: Any) -> str | None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"it is not JSON: {type(exc).__name__}: {exc}"
+    return None
+
+
 def resulting_state(job_state: list[dict[str, Any]], result: Result) -> tuple[list[dict[str, Any]], int]:
     """The agent's whole new state from a ``Result`` of a job given ``job_state``, and how many
     of its leading messages are ``job_state``'s own. A ``kept`` that no worker of ours sends

@@ -84,7 +84,7 @@ from motus.serve.events import ALL, Events
 from motus.serve.journal import canonical_payload, pack, unpack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
-from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, result_problem, resulting_state
+from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
 from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ log = logging.getLogger(__name__)
 #: A turn whose outcome the server failed to apply (a bug, or a fault in a collaborator such
 #: as a metrics hook): it ends with this rather than holding its slot for ever.
 OUTCOME_FAILED = "Turn ended: the server could not apply its outcome (see the server log)"
+#: The same for any other message of its worker (an interrupt, a journal record).
+MESSAGE_FAILED = "Turn ended: the server could not apply a message from its worker (see the server log)"
 
 T = TypeVar("T")
 
@@ -971,25 +973,33 @@ class Turns:
                     turn.backlog.append(message)
                 else:
                     try:
-                        self._apply_locked(session, turn, handle, message, after)
+                        self._apply_or_end_locked(session, turn, handle, message, after)
                     except ServerUnavailable as exc:
                         turn.backlog.append(message)
                         turn.backlog_since = time.monotonic()
                         log.warning("session %s: %s; the worker's message waits and is retried", session.session_id, exc.detail)
                         self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
-                    except Exception:
-                        # The pool marked the handle finished before reporting an outcome, so
-                        # nothing else would ever end this turn: it would hold its compute slot
-                        # and keep a graceful stop waiting. End it in error instead.
-                        if not isinstance(message, (Result, Failure)):
-                            raise
-                        log.exception("session %s: applying its turn's outcome failed; the turn ends in error", session.session_id)
-                        if turn.state is not TurnState.ENDED:
-                            self._end_locked(session, turn, error=OUTCOME_FAILED, after=after)
         finally:
             self._finish(after)  # what was decided before a failure (a slot freed) still happens
         if self._stopped and isinstance(message, Interrupt):
             self._settle_for_shutdown(session)  # nobody can answer it before the next start
+
+    def _apply_or_end_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
+        """``_apply_locked``, and if it fails for any reason but the store's refusal (a bug, or
+        a fault in a collaborator such as a metrics hook), end the turn in error and stop its
+        process. Left alone, such a turn would never end: after an outcome the pool has
+        already finished the handle, and after an interrupt or a record the worker waits for
+        an answer or an ``Ack`` that nothing will send. It would hold its compute slot and
+        keep a graceful stop waiting."""
+        try:
+            self._apply_locked(session, turn, handle, message, after)
+        except ServerUnavailable:
+            raise
+        except Exception:
+            outcome = isinstance(message, (Result, Failure))
+            log.exception("session %s: applying its worker's %s failed; the turn ends in error", session.session_id, type(message).__name__)
+            if session.turn is turn and turn.state is not TurnState.ENDED:
+                self._end_locked(session, turn, error=OUTCOME_FAILED if outcome else MESSAGE_FAILED, after=after)
 
     def _apply_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
         """Commit, then apply, one worker message. Raises ``ServerUnavailable`` with nothing
@@ -1014,6 +1024,15 @@ class Turns:
     def _apply_once_locked(
         self, session: Session, turn: Turn, handle: Handle, message: object, after: _After, whole_history: bool = False
     ) -> None:
+        problem = message_problem(message)
+        if problem is None and isinstance(message, Record):
+            known = turn.journal.get(message.entry.seq)
+            if known is not None and known.kind == INTERRUPT:
+                problem = f"record: its seq is the interrupt {known.ref}'s"
+        if problem is not None:  # the session stays as it was; the process is stopped
+            log.warning("session %s: its worker sent a malformed %s", session.session_id, problem)
+            self._end_locked(session, turn, error=f"Worker sent a malformed {problem}", after=after)
+            return
         if isinstance(message, Interrupt):
             self._interrupted_locked(session, turn, message, after)
         elif isinstance(message, Record):
@@ -1022,10 +1041,6 @@ class Turns:
             if message.ack:
                 after.sends.append((handle, Ack(message.entry.seq)))
         elif isinstance(message, Result):
-            problem = result_problem(message)
-            if problem is not None:  # the history stays as it was
-                self._end_locked(session, turn, error=f"Worker sent a malformed result: {problem}", after=after)
-                return
             state, kept = resulting_state(handle.job.state, message)
             # The store holds the session's state as it was when the job was made, so the
             # messages kept need not be written again; checked by identity, cheaply, in case
@@ -1035,8 +1050,7 @@ class Turns:
                 kept = 0
             self._end_locked(session, turn, after=after, response=message.response, state=state, kept=kept)
         elif isinstance(message, Failure):
-            error = message.error if type(message.error) is str else f"Worker sent a malformed failure: its error is not a str ({type(message.error).__name__})"
-            self._end_locked(session, turn, error=error, after=after)
+            self._end_locked(session, turn, error=message.error, after=after)
         else:
             log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
 
@@ -1048,29 +1062,31 @@ class Turns:
         if session is None:
             return
         after = _After()
-        with session.lock:
-            if session.turn is not turn or turn.state is TurnState.ENDED or not turn.backlog:
-                return
-            handle = turn.handle
-            try:
-                while turn.backlog:
-                    self._apply_locked(session, turn, handle, turn.backlog[0], after)  # type: ignore[arg-type]
-                    turn.backlog.popleft()
-                    if session.turn is not turn or turn.state is TurnState.ENDED:
+        try:
+            with session.lock:
+                if session.turn is not turn or turn.state is TurnState.ENDED or not turn.backlog:
+                    return
+                handle = turn.handle
+                try:
+                    while turn.backlog:
+                        self._apply_or_end_locked(session, turn, handle, turn.backlog[0], after)  # type: ignore[arg-type]
+                        turn.backlog.popleft()
+                        if session.turn is not turn or turn.state is TurnState.ENDED:
+                            turn.backlog.clear()
+                except ServerUnavailable as exc:
+                    if time.monotonic() - turn.backlog_since < STORE_GIVE_UP_SECONDS:
+                        self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
+                    else:
+                        log.error("session %s: giving up on the store after %.0f s: %s", session.session_id, STORE_GIVE_UP_SECONDS, exc.detail)
                         turn.backlog.clear()
-            except ServerUnavailable as exc:
-                if time.monotonic() - turn.backlog_since < STORE_GIVE_UP_SECONDS:
-                    self._schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
-                else:
-                    log.error("session %s: giving up on the store after %.0f s: %s", session.session_id, STORE_GIVE_UP_SECONDS, exc.detail)
-                    turn.backlog.clear()
-                    error = f"Could not save the turn to the session store: {exc.detail}"
-                    session.status, session.error = SessionStatus.ERROR, error
-                    self._stop_turn_locked(turn, after)
-                    self.metrics.turn_ended("error", time.monotonic() - turn.started)
-                    session.turn = None
-                    after.publish.append(session.session_id)
-        self._finish(after)
+                        error = f"Could not save the turn to the session store: {exc.detail}"
+                        session.status, session.error = SessionStatus.ERROR, error
+                        self._stop_turn_locked(turn, after)
+                        session.turn = None
+                        after.publish.append(session.session_id)
+                        self.metrics.turn_ended("error", time.monotonic() - turn.started)
+        finally:
+            self._finish(after)  # what was decided before a failure (a slot freed) still happens
 
     def worker_exited(self, handle: Handle) -> None:
         self.worker_message(handle, Failure(error=EXITED))
@@ -1153,7 +1169,6 @@ class Turns:
         session.status, session.response, session.error, session.state, session.touched = status, response, error, new_state, now
         session.owner = None
         self._stop_turn_locked(turn, after)
-        self.metrics.turn_ended(_OUTCOMES.get(error, "error"), time.monotonic() - turn.started)
         session.turn = None  # its journal goes with it; late messages from it are ignored
         after.publish.append(session.session_id)
         if error is not None:
@@ -1164,6 +1179,7 @@ class Turns:
                 TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
                         messages=new_state if include else [], webhook=turn.webhook)
             )
+        self.metrics.turn_ended(_OUTCOMES.get(error, "error"), time.monotonic() - turn.started)  # last: it may raise
 
     def _stop_turn_locked(self, turn: Turn, after: _After) -> None:
         after.freed += turn.move(TurnState.ENDED)

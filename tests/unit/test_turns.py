@@ -41,6 +41,7 @@ from motus.serve.store import MemoryStore, SessionRecord, Store, store_from_url
 from motus.serve.turns import (
     _MOVES,
     CANCELLED,
+    MESSAGE_FAILED,
     NOT_WAITING,
     OUTCOME_FAILED,
     TIMED_OUT,
@@ -929,3 +930,89 @@ def test_an_outcome_that_cannot_be_applied_ends_the_turn_in_error(make_turns: Ma
     assert (view.status, view.error) == (ERROR, OUTCOME_FAILED)
     assert turns.messages(sid) == [MESSAGE]  # the history as it was
     assert [h.session_id for h in pool.launched] == [sid, other] and slots_in_use(turns) == 1
+
+
+def test_an_interrupt_that_cannot_be_applied_ends_the_turn_and_stops_its_process(
+    make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while an interrupt is applied. The worker waits for an answer nobody could give,
+    so the pool's listener swallowing the exception (as it did) left the turn running, its
+    slot taken, until its timeout if it had one. Now the turn ends in error and its process
+    is stopped; the next turn gets the slot."""
+    turns, pool = make_turns(max_workers=1)
+    sid, other = turns.create(state=[MESSAGE]).session_id, turns.create().session_id
+
+    def broken(self: Turns, *args: Any) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(Turns, "_interrupted_locked", broken)
+    turns.start_turn(sid, MESSAGE)
+    turns.start_turn(other, MESSAGE)
+    handle = pool.handle(sid)
+    turns.worker_message(handle, Interrupt(interrupt_id="i1", payload=APPROVAL, seq=1))
+    view = turns.get(sid)
+    assert (view.status, view.error) == (ERROR, MESSAGE_FAILED)
+    assert turns.messages(sid) == [MESSAGE]  # the history as it was
+    assert handle in pool.stopped
+    assert [h.session_id for h in pool.launched] == [sid, other] and slots_in_use(turns) == 1
+
+
+def test_a_record_that_cannot_be_applied_from_the_backlog_ends_the_turn(make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same failure on the housekeeping thread, when a message waited in the turn's
+    backlog for the store: the turn ends in error there too, instead of the retry raising
+    into the housekeeper with the message stuck at the head of the backlog."""
+    store = FailingStore()
+    turns, pool = make_turns(max_workers=1, store=store)
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    store.failing = True
+    started = JournalEntry(seq=1, kind=TOOL, key="delete_db:{}", label="delete_db")
+    turns.worker_message(handle, Record(started, ack=True))  # waits in the backlog
+    turn = turns._session(sid).turn
+    assert turn is not None and list(turn.backlog) == [Record(started, ack=True)]
+    real = Turns._apply_locked
+
+    def broken(self: Turns, session: Any, turn: Any, handle: Handle, message: object, after: Any) -> None:
+        if isinstance(message, Record):
+            raise KeyError("a bug")
+        real(self, session, turn, handle, message, after)
+
+    monkeypatch.setattr(Turns, "_apply_locked", broken)
+    store.failing = False
+    turns._retry_backlog(turn)
+    view = turns.get(sid)
+    assert (view.status, view.error) == (ERROR, MESSAGE_FAILED)
+    assert handle in pool.stopped and pool.sent_to(handle) == [] and slots_in_use(turns) == 0
+
+
+@pytest.mark.parametrize(
+    "forged, why",
+    [
+        (Interrupt(interrupt_id="i1", payload=5, seq=1), "Worker sent a malformed interrupt: its payload is not a dict (int)"),  # type: ignore[arg-type]
+        (Record(JournalEntry(seq=1, kind="interrupt", key="k", label="l"), ack=True),
+         "Worker sent a malformed record: its kind is not one a worker records ('interrupt')"),
+        (Record(None, ack=True), "Worker sent a malformed record: its entry is not a JournalEntry (NoneType)"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_malformed_message_ends_the_turn_in_error_with_what_was_wrong(make_turns: MakeTurns, forged: object, why: str) -> None:
+    turns, pool = make_turns(max_workers=1)
+    sid = turns.create(state=[MESSAGE]).session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    turns.worker_message(handle, forged)
+    view = turns.get(sid)
+    assert (view.status, view.error, view.interrupts) == (ERROR, why, ())
+    assert turns.messages(sid) == [MESSAGE] and handle in pool.stopped and slots_in_use(turns) == 0
+
+
+def test_a_record_may_not_take_the_seq_of_an_interrupt(make_turns: MakeTurns) -> None:
+    """A journal record written over a pending interrupt's seq would replace it in the
+    journal (and the store's row): the interrupt would vanish without an answer."""
+    turns, pool = make_turns(max_workers=1)
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "i1")
+    turns.worker_message(handle, Record(JournalEntry(seq=1, kind=TOOL, key="t:{}", label="t", done=True, value=b"x")))
+    view = turns.get(sid)
+    assert (view.status, view.error) == (ERROR, "Worker sent a malformed record: its seq is the interrupt i1's")
+    assert handle in pool.stopped

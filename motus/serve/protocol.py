@@ -219,7 +219,9 @@ def _interrupt_problem(message: Interrupt) -> str | None:
     timeout = message.timeout
     if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
         return "its timeout is not a finite number of seconds > 0"
-    return _not_json([message.payload, message.default])
+    # The default matters (and a worker checks it) only with a timeout: without one, an
+    # agent may pass anything, and it is never used.
+    return _not_json([message.payload, message.default] if timeout is not None else message.payload)
 
 
 def _record_problem(message: Record) -> str | None:

@@ -19,6 +19,7 @@ PAYLOAD = {"type": "tool_approval", "tool_name": "delete_file", "arguments": {"p
         Interrupt(interrupt_id="0f0e", payload=PAYLOAD, seq=0),
         Interrupt(interrupt_id="0f0e", payload=PAYLOAD, seq=3, parent=2, timeout=1.5, default={"approved": False}),
         Interrupt(interrupt_id="0f0e", payload={}, seq=1, timeout=30, default=None),
+        Interrupt(interrupt_id="0f0e", payload={}, seq=1, default=object()),  # no timeout: the default is never used
         Record(JournalEntry(seq=1, kind=TOOL, key="delete_file:{}", label="delete_file"), ack=True),
         Record(JournalEntry(seq=2, kind=MODEL, key="d1g", label="chat", done=True, value=pack(("ok", {"a": 1})), parent=1)),
         Record(JournalEntry(seq=9, kind=STEP, key="s:x", label="s", done=True, value=pack(("raise", ValueError("x"))))),

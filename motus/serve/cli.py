@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from motus.client import commands as client_commands
 from motus.serve.agents import AgentLoadError, AgentNotSendable, load_agent
 from motus.serve.auth import ENV_VAR as ENV_VAR_API_KEY
 from motus.serve.webhooks import SECRET_ENV_VAR as WEBHOOK_SECRET_ENV_VAR
@@ -273,7 +272,34 @@ def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
     return build
 
 
-@click.group("serve")
+class _ServeGroup(click.Group):
+    """``motus serve``: ``start`` and ``openapi`` are here; the client commands (``chat``,
+    ``send``, ...) are added from ``motus.client.commands`` the first time one is asked for or
+    the list is shown. A server's start never needs them, and importing them (requests, the
+    terminal chat) cost each start ~0.1 s of CPU in the process gunicorn forks its worker from."""
+
+    _client_loaded = False
+
+    def _load_client(self) -> None:
+        if not self._client_loaded:
+            from motus.client import commands as client_commands
+
+            client_commands.register(self)
+            self._client_loaded = True
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_client()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and not self._client_loaded:
+            self._load_client()
+            command = super().get_command(ctx, cmd_name)
+        return command
+
+
+@click.group("serve", cls=_ServeGroup)
 def serve() -> None:
     """Serve an agent over HTTP, or talk to a served one."""
 
@@ -318,5 +344,3 @@ def openapi(auth: bool) -> None:
 
     click.echo(json.dumps(openapi_document(auth=auth), indent=2))
 
-
-client_commands.register(serve)

@@ -104,6 +104,20 @@ class _CappedBuffer(io.BytesIO):
         return super().write(data)
 
 
+def _text_at_least(job: Job, limit: int) -> bool:
+    """Whether the job's messages hold more than ``limit`` characters of text, so it surely
+    pickles to more than ``limit`` bytes (a str pickles to at least a byte a character).
+    Microseconds for a long history, against pickling the first 64 KiB of it to find out."""
+    total = 0
+    for message in (job.message, *job.state):
+        content = message.get("content") if type(message) is dict else None
+        if type(content) is str:
+            total += len(content)
+            if total > limit:
+                return True
+    return False
+
+
 def _inline_job_limit() -> int:
     """The largest pickled job the manager sends itself: a quarter of a fresh socket pair's
     send buffer (212,992 bytes by default on Linux), at most 32 KiB, so a first write to an
@@ -395,7 +409,7 @@ class WorkerPool:
         ``_inline_limit`` bytes: it fits in the empty send buffer, so the write returns at
         once even if the process never reads (a dead one fails it with EPIPE). Anything
         else, or a job that cannot be pickled (the sender reports why), goes to the sender."""
-        if not isinstance(message, Job):
+        if not isinstance(message, Job) or _text_at_least(message, self._inline_limit):
             return False
         buffer = _CappedBuffer(self._inline_limit)
         try:

@@ -316,25 +316,37 @@ def test_jobs_at_and_around_the_inline_limit_all_run(pool) -> None:
 
 
 def test_the_manager_does_not_pickle_a_huge_job_before_it_knows_it_is_too_big(pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A queued turn with a long history (200,000 short messages, ~24 MB pickled) launched
-    on the manager thread. The manager only needs to know it is past 32 KiB; pickling it
-    whole (and throwing that away: the sender pickles it again) stalls the thread that
-    reads every worker's results for as long as that takes (~200 ms here). What the
-    manager's pickler wrote is counted: at most one frame past the limit."""
+    """Queued turns with long histories (200,000 messages, ~24 MB pickled) launched on the
+    manager thread. The manager only needs to know a job is past 32 KiB; pickling it whole
+    (and throwing that away: the sender pickles it again) stalls the thread that reads every
+    worker's results for as long as that takes (~200 ms here). What the manager's pickler
+    wrote is counted: nothing when the messages' text alone is past the limit, and at most
+    one frame past the limit when it is not (the bytes are in the messages' other fields)."""
     pool, listener, _ = pool
-    written: list[int] = []
+    written: dict[str, int] = {}
+    current: list[str] = []
 
     class Counting(pool_module._CappedBuffer):
         def write(self, data):  # type: ignore[no-untyped-def]
-            written.append(len(data))
+            written[current[-1]] = written.get(current[-1], 0) + len(data)
             return super().write(data)
 
     monkeypatch.setattr(pool_module, "_CappedBuffer", Counting)
-    state = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "x" * 100} for i in range(200_000)]
-    huge = job_handle("huge", "size", state)
-    launch_from_manager(pool, listener, [huge])
-    assert content_of(listener.wait(huge, timeout=60)) == "size 4 200000"
-    assert 0 < sum(written) <= pool._inline_limit + 2**16 + 64, f"the manager pickled {sum(written)} bytes of one job"
+    original = pool._send_job_at_once
+
+    def naming(handle: Handle, message: object) -> bool:
+        current.append(handle.session_id)
+        return original(handle, message)
+
+    monkeypatch.setattr(pool, "_send_job_at_once", naming)
+    text = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "x" * 100} for i in range(200_000)]
+    fields = [{"role": "user", "content": "", "user_params": {"pad": "x" * 100}} for i in range(200_000)]
+    huge_text, huge_fields = job_handle("huge-text", "size", text), job_handle("huge-fields", "size", fields)
+    launch_from_manager(pool, listener, [huge_text, huge_fields])
+    assert content_of(listener.wait(huge_text, timeout=60)) == "size 4 200000"
+    assert content_of(listener.wait(huge_fields, timeout=60)) == "size 4 200000"
+    assert "huge-text" in current and written.get("huge-text", 0) == 0, written
+    assert 0 < written["huge-fields"] <= pool._inline_limit + 2**16 + 64, f"the manager pickled {written['huge-fields']} bytes of one job"
 
 
 def test_a_send_lock_held_elsewhere_sends_the_job_later_without_blocking_the_manager(pool) -> None:

@@ -96,5 +96,10 @@ class SessionLimitReached(ServerUnavailable):
     pass
 
 
+class StoreCannotTake(ServerUnavailable):
+    """The store refused a write for what it holds (text that is not UTF-8, an integer past
+    64 bits), not for being away: unlike other store failures, retrying cannot help."""
+
+
 class InvalidTransition(RuntimeError):
     """A turn was asked to make a transition its state does not allow: a bug, never input."""

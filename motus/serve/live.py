@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from motus.serve.journal import unpack
+from motus.serve.jsonshape import json_depth_exceeds
 from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
 
 #: Texts (model replies, tool results, arguments) are cut to this many characters.
@@ -43,14 +44,17 @@ def _shown(value: Any) -> Any:
         text = json.dumps(value, ensure_ascii=False, default=str, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return _cut(repr(value))
-    return json.loads(text) if len(text) <= MAX_TEXT else _cut(text)
+    if len(text) > MAX_TEXT or json_depth_exceeds(value):  # pydantic cannot write ~255 levels
+        return _cut(text)
+    return json.loads(text)
 
 
 def _outcome(entry: JournalEntry) -> tuple[str, Any]:
     """("ok", value) or ("error", "Type: message") of a finished record."""
     try:
         return "ok", unpack(entry.value)
-    except Exception as exc:  # a recorded exception, rebuilt: show it, never raise it
+    except (Exception, SystemExit) as exc:  # a recorded exception, rebuilt: show it, never raise it
+        # (SystemExit too: the bytes are a worker's, and unpickling may call anything.)
         return "error", _cut(f"{type(exc).__name__}: {exc}")
 
 
@@ -58,7 +62,7 @@ def _arguments(raw: Any) -> Any:
     if isinstance(raw, str):
         try:
             return _shown(json.loads(raw))
-        except ValueError:
+        except (ValueError, RecursionError):  # a model's arguments: anything, ``[[[[...`` too
             return _cut(raw)
     return _shown(raw)
 

@@ -641,7 +641,8 @@ class WorkerPool:
                 self._request_close_locked(handle)
                 self._close_requested_locked()
             return
-        except Exception as exc:  # an unpicklable message from the agent's process
+        except (Exception, SystemExit) as exc:  # an unpicklable message from the agent's process
+            # (SystemExit too: unpickling may call anything, and it would end this thread.)
             message = Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
         if isinstance(message, (Result, Failure)):
             self._report_outcome(handle, message)

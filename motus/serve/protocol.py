@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from motus.serve.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
+
 #: The kinds of journal records, in the words replay errors use.
 INTERRUPT, MODEL, TOOL, STEP = "interrupt", "model", "tool", "step"
 
@@ -183,7 +185,25 @@ def result_problem(result: Result) -> str | None:
         json.dumps([result.response, result.state])
     except (TypeError, ValueError, RecursionError) as exc:
         return f"it is not JSON: {type(exc).__name__}: {exc}"
+    from pydantic import ValidationError
+
+    from motus.models import ChatMessage
+
+    for what, item in (("response", result.response), *(("a message", message) for message in result.state)):
+        try:
+            ChatMessage.model_validate(item)  # what the API shows it as, and the next turn reads
+        except (ValidationError, RecursionError) as exc:
+            return f"{'its' if what == 'response' else 'its state holds'} {what} that is not a chat message ({_first_error(exc)})"
     return None
+
+
+def _first_error(exc: Exception) -> str:
+    if hasattr(exc, "errors"):
+        errors = exc.errors()
+        if errors:
+            where = ".".join(str(part) for part in errors[0].get("loc", ()))
+            return f"{where}: {errors[0].get('msg')}" if where else str(errors[0].get("msg"))
+    return type(exc).__name__
 
 
 def message_problem(message: object) -> str | None:
@@ -208,20 +228,24 @@ def message_problem(message: object) -> str | None:
 
 
 def _interrupt_problem(message: Interrupt) -> str | None:
-    if type(message.interrupt_id) is not str or not message.interrupt_id:
+    if not _is_text(message.interrupt_id) or not message.interrupt_id:
         return "its id is not a non-empty str"
     if type(message.payload) is not dict:
         return f"its payload is not a dict ({type(message.payload).__name__})"
-    if not _is_int(message.seq) or message.seq < 0:
+    if not _is_seq(message.seq, 0):
         return "its seq is not an int >= 0"
-    if message.parent is not None and not _is_int(message.parent):
+    if message.parent is not None and not _is_seq(message.parent, 1):
         return "its parent is not an int"
     timeout = message.timeout
     if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
         return "its timeout is not a finite number of seconds > 0"
-    # The default matters (and a worker checks it) only with a timeout: without one, an
-    # agent may pass anything, and it is never used.
-    return _not_json([message.payload, message.default] if timeout is not None else message.payload)
+    problem = _not_json(message.payload)
+    if problem is None and timeout is not None:
+        # The default matters (and a worker checks it) only with a timeout: without one, an
+        # agent may pass anything, and it is never used. A worker bounds the payload's
+        # depth, not the default's, and the default is kept pickled, never shown as JSON.
+        problem = _not_json(message.default, depth=False)
+    return problem
 
 
 def _record_problem(message: Record) -> str | None:
@@ -232,13 +256,13 @@ def _record_problem(message: Record) -> str | None:
         return "its ack is not a bool"
     if entry.kind not in (MODEL, TOOL, STEP):  # interrupts are journaled by the server itself
         return f"its kind is not one a worker records ({entry.kind!r})"
-    if not _is_int(entry.seq) or entry.seq < 1:
+    if not _is_seq(entry.seq, 1):
         return "its seq is not an int >= 1"
-    if type(entry.key) is not str or type(entry.label) is not str or type(entry.done) is not bool:
+    if not _is_text(entry.key) or not _is_text(entry.label) or type(entry.done) is not bool:
         return "its key, label or done has the wrong type"
     if entry.value is not None and type(entry.value) is not bytes:
         return "its value is not bytes"
-    if entry.parent is not None and not _is_int(entry.parent):
+    if entry.parent is not None and not _is_seq(entry.parent, 1):
         return "its parent is not an int"
     extra = (entry.ref, entry.payload, entry.answered_at, entry.answered_by, entry.created_at, entry.expires_at, entry.default)
     if any(field is not None for field in extra):
@@ -246,11 +270,40 @@ def _record_problem(message: Record) -> str | None:
     return None
 
 
-def _is_int(value: object) -> bool:
-    return type(value) is int
+#: A journal seq is a 64-bit integer in the stores.
+_MAX_SEQ = 2**63 - 1
 
 
-def _not_json(value: Any) -> str | None:
+def _is_seq(value: object, least: int) -> bool:
+    return type(value) is int and least <= value <= _MAX_SEQ
+
+
+def _is_text(value: object) -> bool:
+    """A str the stores can write: UTF-8, so no lone surrogate."""
+    if type(value) is not str:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_json(value: Any, depth: bool = True) -> str | None:
+    """Why ``value`` is not JSON as a worker of ours sends it (a JSON round trip, within
+    ``MAX_JSON_DEPTH`` if ``depth``), or None."""
+    if depth and json_depth_exceeds(value):
+        return f"it nests deeper than {MAX_JSON_DEPTH} levels"
+    stack = [value]
+    while stack:  # JSON writes an int key as a str: the payload would change on its way
+        item = stack.pop()
+        if type(item) is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return f"it has a key that is not a str ({type(key).__name__})"
+                stack.append(child)
+        elif type(item) is list:
+            stack.extend(item)
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -76,6 +76,7 @@ from motus.serve.errors import (
     InterruptNotPending,
     InvalidTransition,
     ServerUnavailable,
+    StoreCannotTake,
     SessionConflict,
     SessionLimitReached,
     SessionNotFound,
@@ -991,15 +992,19 @@ class Turns:
         already finished the handle, and after an interrupt or a record the worker waits for
         an answer or an ``Ack`` that nothing will send. It would hold its compute slot and
         keep a graceful stop waiting."""
+        outcome = isinstance(message, (Result, Failure))
         try:
             self._apply_locked(session, turn, handle, message, after)
+        except StoreCannotTake as exc:  # a retry would fail the same way
+            log.warning("session %s: its worker's %s cannot be stored (%s); the turn ends in error", session.session_id, type(message).__name__, exc.detail)
         except ServerUnavailable:
             raise
         except Exception:
-            outcome = isinstance(message, (Result, Failure))
             log.exception("session %s: applying its worker's %s failed; the turn ends in error", session.session_id, type(message).__name__)
-            if session.turn is turn and turn.state is not TurnState.ENDED:
-                self._end_locked(session, turn, error=OUTCOME_FAILED if outcome else MESSAGE_FAILED, after=after)
+        else:
+            return
+        if session.turn is turn and turn.state is not TurnState.ENDED:
+            self._end_locked(session, turn, error=OUTCOME_FAILED if outcome else MESSAGE_FAILED, after=after)
 
     def _apply_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: _After) -> None:
         """Commit, then apply, one worker message. Raises ``ServerUnavailable`` with nothing
@@ -1024,11 +1029,7 @@ class Turns:
     def _apply_once_locked(
         self, session: Session, turn: Turn, handle: Handle, message: object, after: _After, whole_history: bool = False
     ) -> None:
-        problem = message_problem(message)
-        if problem is None and isinstance(message, Record):
-            known = turn.journal.get(message.entry.seq)
-            if known is not None and known.kind == INTERRUPT:
-                problem = f"record: its seq is the interrupt {known.ref}'s"
+        problem = message_problem(message) or self._conflict(turn, message)
         if problem is not None:  # the session stays as it was; the process is stopped
             log.warning("session %s: its worker sent a malformed %s", session.session_id, problem)
             self._end_locked(session, turn, error=f"Worker sent a malformed {problem}", after=after)
@@ -1053,6 +1054,33 @@ class Turns:
             self._end_locked(session, turn, error=message.error, after=after)
         else:
             log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
+
+    def _conflict(self, turn: Turn, message: object) -> str | None:
+        """Why a well-formed interrupt or record cannot be what a worker of ours sends at this
+        point of its turn's journal, or None. A worker numbers its records itself, gives each
+        interrupt a new id, sends again only an interrupt still unanswered (a replay waiting
+        again) and never raises more than ``max_interrupts`` at once; a message that breaks
+        one of these would replace a pending interrupt, show one id twice, or leave the
+        session waiting on an answer it already has."""
+        if isinstance(message, Record):
+            known = turn.journal.get(message.entry.seq)
+            if known is not None and known.kind == INTERRUPT:
+                return f"record: its seq is the interrupt {known.ref}'s"
+            return None
+        if not isinstance(message, Interrupt):
+            return None
+        known = turn.journal.get(message.seq)
+        if known is not None:
+            if known.kind != INTERRUPT or known.ref != message.interrupt_id:
+                return f"interrupt: its seq is {known.describe()}'s"
+            if known.done:
+                return f"interrupt: {message.interrupt_id} was already answered"
+            return None  # a replay waiting again
+        if any(e.kind == INTERRUPT and e.ref == message.interrupt_id for e in turn.journal.values()):
+            return f"interrupt: its id {message.interrupt_id} is another interrupt's"
+        # ``--max-interrupts`` is the worker's to hold: it knows which pending interrupts the
+        # agent gave up on (``asyncio.wait_for(interrupt(...), t)``), the server does not.
+        return None
 
     def _retry_backlog(self, turn: Turn) -> None:
         """Apply a turn's waiting worker messages in order (housekeeping thread). After
@@ -1109,7 +1137,7 @@ class Turns:
             timeout = message.timeout if message.timeout is not None and message.timeout > 0 else None
             entry = JournalEntry(
                 seq=message.seq, kind=INTERRUPT, key=canonical_payload(message.payload),
-                label=kind if isinstance(kind, str) else "unknown", ref=message.interrupt_id, payload=message.payload,
+                label=storable_text(kind) if isinstance(kind, str) else "unknown", ref=message.interrupt_id, payload=message.payload,
                 parent=message.parent, created_at=now,
                 expires_at=now + timeout if timeout is not None else None,
                 default=pack(("ok", message.default)) if timeout is not None else None,
@@ -1151,6 +1179,8 @@ class Turns:
         """Any live state -> ENDED, with the session idle (a result) or in error. ``kept``:
         how many leading messages of ``state`` are the session's stored ones, unchanged."""
         now = self._clock()
+        if error is not None:
+            error = storable_text(error)
         status = SessionStatus.ERROR if error is not None else SessionStatus.IDLE
         new_state = list(state) if state is not None else session.state
         events = [
@@ -1459,6 +1489,9 @@ class Turns:
             write()
         except StaleSession:
             raise  # another instance changed the row: the caller reads it again
+        except (UnicodeError, OverflowError) as exc:
+            log.warning("store write refused: %s: %s", type(exc).__name__, exc)
+            raise StoreCannotTake(f"The session store cannot take the change: {type(exc).__name__}: {exc}") from None
         except Exception as exc:
             log.exception("store write failed")
             raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
@@ -1598,6 +1631,17 @@ def _busy(turn: Turn | None) -> bool:
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1] if lines else "(no message)"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as the stores can write it: UTF-8, a lone surrogate (an agent's
+    ``ValueError('\\ud800')``, in its traceback) spelt as its escape. A write that can never
+    succeed would otherwise be retried as if the store were away, holding the turn's slot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def pending_interrupt(entry: JournalEntry) -> PendingInterrupt:

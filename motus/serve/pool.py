@@ -43,9 +43,13 @@ Guarantees and rules:
   (each job launched later gets its own attempt); spare processes are then refilled with a
   growing back-off, never in a loop.
 - Listener callbacks run on the manager thread without the pool lock held.
+- The manager never waits on one worker: it reads what a readable pipe holds and passes on
+  only whole messages (``_Frames``), so a worker stalled halfway through a message holds up
+  its own turn, not every other one.
 
 Thread ownership: every ``Handle`` and ``_Warm`` field is guarded by ``WorkerPool._lock``,
-except ``conn`` writes (``send_lock``) and ``recv``/``close`` (manager thread only).
+except ``conn`` writes (``send_lock``), and its reads, ``frames`` and ``close`` (manager
+thread only).
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ from __future__ import annotations
 import io
 import logging
 import multiprocessing
+import os
 import queue
+import struct
 import threading
 import time
 from collections import deque
@@ -144,6 +150,51 @@ class PoolClosed(ServerUnavailable):
     """The pool is shutting down and takes no new turns."""
 
 
+class _Frames:
+    """A worker's messages, read without ever blocking the manager (which reads every
+    worker's pipe). ``Connection.recv`` reads a whole frame, waiting for as long as its
+    writer takes: a worker that wrote half a frame, or was stopped halfway through a large
+    result, held up every other turn's messages. Here each pass makes one ``read(2)``,
+    which returns what is there once the pipe is readable, and takes whole frames out of
+    what has come so far (``multiprocessing``'s: a 4-byte big-endian length, or -1 and an
+    8-byte one, then the bytes). Manager thread only."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def read(self, fd: int) -> bool:
+        """Take in what the pipe holds; False at its end (the worker closed it)."""
+        try:
+            data = os.read(fd, self.CHUNK)
+        except BlockingIOError:
+            return True  # nothing after all (a spurious wake-up)
+        if not data:
+            return False
+        self._buffer += data
+        return True
+
+    def take(self) -> bytes | None:
+        """The next whole frame's bytes, or None until one has fully arrived."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None
+        (size,) = struct.unpack_from("!i", buffer)
+        start = 4
+        if size == -1:
+            if len(buffer) < 12:
+                return None
+            (size,) = struct.unpack_from("!Q", buffer, 4)
+            start = 12
+        end = start + size
+        if size < 0 or len(buffer) < end:
+            return None  # (a negative size other than -1 never completes: its turn's own problem)
+        frame = bytes(buffer[start:end])
+        del buffer[:end]
+        return frame
+
+
 @dataclass(eq=False)
 class Handle:
     """One launch of one turn: its process and pipe (a replay is a new handle)."""
@@ -160,6 +211,7 @@ class Handle:
     close_blocked_since: float | None = None  # a sender held send_lock when we came to close
     reaped: bool = False  # its process has exited and been joined: never signal its pid again
     kill_at: float | None = None
+    frames: _Frames = field(default_factory=_Frames)  # what its worker wrote, not yet whole (manager only)
 
 
 @dataclass(eq=False)
@@ -631,26 +683,33 @@ class WorkerPool:
             return None
         return max(0.0, min(deadlines) - self._clock())
 
-    def _receive(self, handle: Handle) -> None:
-        """Read one message from a worker (manager thread only)."""
+    def _receive(self, handle: Handle) -> bool:
+        """Read what a readable worker pipe holds, without blocking, and pass on each whole
+        message in order (manager thread only; see ``_Frames``). False once the pipe has
+        ended."""
         try:
-            message = handle.conn.recv()  # type: ignore[union-attr]
-        except (EOFError, OSError):
+            open_ = handle.frames.read(handle.conn.fileno())  # type: ignore[union-attr]
+        except OSError:
+            open_ = False
+        while (frame := handle.frames.take()) is not None:
+            try:
+                message = ForkingPickler.loads(frame)
+            except (Exception, SystemExit) as exc:  # an unpicklable message from the agent's process
+                # (SystemExit too: unpickling may call anything, and it would end this thread.)
+                message = Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
+            if isinstance(message, (Result, Failure)):
+                self._report_outcome(handle, message)
+                return open_
+            with self._lock:
+                if handle.finished:
+                    return open_
+            self._report(self._listener.worker_message, handle, message)
+        if not open_:
             with self._lock:
                 # The worker closed its end; its sentinel reports how it ended.
                 self._request_close_locked(handle)
                 self._close_requested_locked()
-            return
-        except (Exception, SystemExit) as exc:  # an unpicklable message from the agent's process
-            # (SystemExit too: unpickling may call anything, and it would end this thread.)
-            message = Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
-        if isinstance(message, (Result, Failure)):
-            self._report_outcome(handle, message)
-            return
-        with self._lock:
-            if handle.finished:
-                return
-        self._report(self._listener.worker_message, handle, message)
+        return open_
 
     def _reap(self, item: Handle | _Warm) -> None:
         """A process exited: report a turn that never said how it ended, then forget it."""
@@ -661,8 +720,7 @@ class WorkerPool:
                 # Its last words may still be in the pipe (a Result sent just before exit).
                 try:
                     while not item.finished and item.conn.poll():
-                        self._receive(item)
-                        if item.conn_closed:
+                        if not self._receive(item) or item.conn_closed:
                             break
                 except (OSError, EOFError, ValueError) as exc:
                     log.debug("nothing more to read from session %s's worker: %s", item.session_id, exc)

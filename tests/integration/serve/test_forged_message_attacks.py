@@ -224,11 +224,6 @@ def test_a_malformed_message_that_waits_for_a_locked_store_still_ends_its_turn(
 # -- bugs --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: pool._receive calls the blocking conn.recv() on the manager thread; a worker that writes a frame's "
-    "length header and part of its body stalls the manager, so no turn of any session finishes (nor is any "
-    "stopped process killed) until that worker writes the rest or exits"
-))
 def test_a_half_written_frame_does_not_stall_every_other_turn(start_server: Callable[..., Server], sandbox: Path) -> None:
     server = serve(start_server, "--workers", "2", "--shutdown-timeout", "0.2", sandbox=sandbox)
     bystander = server.create_session()

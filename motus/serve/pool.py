@@ -150,6 +150,10 @@ class PoolClosed(ServerUnavailable):
     """The pool is shutting down and takes no new turns."""
 
 
+#: How long the manager reads what an exited worker left in its pipe (its last words).
+LAST_WORDS_SECONDS = 1.0
+
+
 class _Frames:
     """A worker's messages, read without ever blocking the manager (which reads every
     worker's pipe). ``Connection.recv`` reads a whole frame, waiting for as long as its
@@ -187,9 +191,12 @@ class _Frames:
                 return None
             (size,) = struct.unpack_from("!Q", buffer, 4)
             start = 12
+        if size < 0:  # no worker of ours writes that: an empty frame, which cannot be unpickled
+            del buffer[:4]
+            return b""
         end = start + size
-        if size < 0 or len(buffer) < end:
-            return None  # (a negative size other than -1 never completes: its turn's own problem)
+        if len(buffer) < end:
+            return None
         frame = bytes(buffer[start:end])
         del buffer[:end]
         return frame
@@ -719,7 +726,9 @@ class WorkerPool:
             if unfinished and item.conn is not None and not item.conn_closed:
                 # Its last words may still be in the pipe (a Result sent just before exit).
                 try:
-                    while not item.finished and item.conn.poll():
+                    # Bounded: a process it left behind may hold the pipe open and keep writing.
+                    until = time.monotonic() + LAST_WORDS_SECONDS
+                    while not item.finished and time.monotonic() < until and item.conn.poll():
                         if not self._receive(item) or item.conn_closed:
                             break
                 except (OSError, EOFError, ValueError) as exc:

@@ -74,3 +74,14 @@ def test_the_end_of_the_pipe_is_said_and_a_half_frame_is_never_taken(pipe) -> No
     assert frames.read(reader.fileno()) and frames.take() is None
     assert not frames.read(reader.fileno())  # the end: nothing more will come
     assert frames.take() is None
+
+
+def test_a_negative_size_is_an_empty_frame_that_cannot_be_unpickled(pipe) -> None:  # type: ignore[no-untyped-def]
+    """No worker of ours writes one; ``Connection`` read it as an empty frame, so the turn
+    ended as an unreadable message. Waiting for it to complete would hang the turn and keep
+    everything written after it."""
+    reader, writer = pipe
+    os.write(writer.fileno(), struct.pack("!i", -2) + b"\0" * 100)
+    frames = _Frames()
+    assert frames.read(reader.fileno())
+    assert frames.take() == b""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from motus.serve.journal import pack
-from motus.serve.live import MAX_TEXT, describe_turn, model_reply
+from motus.serve.live import MAX_TEXT, describe_step, describe_turn, model_reply
 from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
 from motus.serve.streams import isoformat
 
@@ -49,3 +51,37 @@ def test_unreadable_records_never_raise() -> None:
     journal = [JournalEntry(seq=1, kind=MODEL, key="m", label="x", done=True, value=b"not a pickle")]
     [step] = describe_turn(1, MESSAGE, journal, isoformat)["steps"]
     assert step["status"] == "failed" and "error" in step
+
+
+_UNPICKLED: list[str] = []
+
+
+def _counted(text: str) -> str:
+    _UNPICKLED.append(text)
+    return text
+
+
+class _Counted:
+    """Unpickles to its text, counting each unpickling."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _counted, (self.text,)
+
+
+def test_a_finished_step_is_rendered_once_and_each_view_gets_its_own_copy() -> None:
+    """A live view is read at every change of a running turn: a finished record, which
+    never changes, is unpickled and rendered once, not at every read."""
+    entry = JournalEntry(seq=1, kind=TOOL, key="t:{}", label="t", done=True, value=pack(("ok", _Counted("result one"))))
+    other = JournalEntry(seq=1, kind=TOOL, key="t:{}", label="t", done=True, value=pack(("ok", _Counted("result two"))))
+    _UNPICKLED.clear()  # (``pack`` reads a value back once, to know a later process can)
+    first = describe_step(entry, str)
+    first["result"] = "changed by a caller"
+    second = describe_step(entry, str)
+    assert second == {"seq": 1, "kind": TOOL, "label": "t", "status": "done", "result": "result one"}
+    assert _UNPICKLED == ["result one"]
+    # A record that differs in anything (here its value) is a new entry, rendered anew.
+    assert describe_step(other, str)["result"] == "result two"
+    assert _UNPICKLED == ["result one", "result two"]

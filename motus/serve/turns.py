@@ -1058,10 +1058,9 @@ class Turns:
     def _conflict(self, turn: Turn, message: object) -> str | None:
         """Why a well-formed interrupt or record cannot be what a worker of ours sends at this
         point of its turn's journal, or None. A worker numbers its records itself, gives each
-        interrupt a new id, sends again only an interrupt still unanswered (a replay waiting
-        again) and never raises more than ``max_interrupts`` at once; a message that breaks
-        one of these would replace a pending interrupt, show one id twice, or leave the
-        session waiting on an answer it already has."""
+        interrupt a new id and sends again only an interrupt still unanswered (a replay
+        waiting again); a message that breaks one of these would replace a pending interrupt,
+        show one id twice, or leave the session waiting on an answer it already has."""
         if isinstance(message, Record):
             known = turn.journal.get(message.entry.seq)
             if known is not None and known.kind == INTERRUPT:

@@ -37,10 +37,13 @@ import json
 import logging
 import math
 import os
+import queue
 import re
 import selectors
+import signal
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -51,7 +54,9 @@ from itertools import islice
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 from gunicorn.http.unreader import Unreader
+from gunicorn.sock import close_sockets
 from gunicorn.workers.gthread import ThreadWorker
 
 log = logging.getLogger(__name__)
@@ -1026,6 +1031,78 @@ def _worker_exit(arbiter: Any, worker: Any) -> None:
     server = _server_of(worker)
     if server is not None:
         server.shutdown()
+    if worker.pid == os.getpid():  # gunicorn also calls this hook in the arbiter, for a dead worker
+        _end_worker_process()
+
+
+def _end_worker_process() -> None:
+    """End the gunicorn worker here, once its server has shut down, with the status it is
+    exiting with, instead of letting ``sys.exit`` unwind the arbiter's stack it was forked on.
+
+    What unwinding would still do is all waste or harm: interpreter finalisation frees every
+    object one by one (0.12 s for a plain agent, 0.5 s with the OpenAI Agents SDK imported),
+    and runs the atexit handlers and ``finally`` blocks the worker inherited from the arbiter,
+    which are the arbiter's to run (``multiprocessing`` ends its forked children with
+    ``os._exit`` for the same reason). What matters is kept: the store, webhooks and metrics
+    were closed by the server's shutdown, and the logs and standard streams are flushed here.
+    gunicorn calls ``worker_exit`` from a ``finally`` clause as its ``sys.exit`` propagates, so
+    the status is that exception's; called any other way, this does nothing.
+    """
+    exiting = sys.exc_info()[1]
+    if not isinstance(exiting, SystemExit):
+        return
+    code = exiting.code
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:  # sys.exit("message"): printed, status 1, as the interpreter would
+        print(code, file=sys.stderr)
+        status = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError) as exc:  # closed or replaced: nothing left to flush
+            log.debug("could not flush %r at exit: %s", stream, exc)
+    os._exit(status)
+
+
+class _Arbiter(Arbiter):
+    """gunicorn's arbiter, but a graceful stop returns as soon as the worker has exited.
+
+    gunicorn's own ``stop`` checks for the worker every 0.1 s and sleeps once more after it
+    has reaped it, which made every stop 0.1-0.2 s longer than the worker took. Here the wait
+    is on the arbiter's signal queue, which a SIGCHLD fills at once. The rest is gunicorn's:
+    the listening sockets are closed first (TCP only, so nothing to unlink), a SIGINT or
+    SIGQUIT during the wait turns it into gunicorn's quick stop, and a worker still alive
+    after ``graceful_timeout`` is killed by gunicorn's ``stop``, called at the end. The
+    SIGTERM is sent again every second of the wait (the worker's handler is idempotent).
+    """
+
+    def stop(self, graceful: bool = True) -> None:
+        if graceful and self.WORKERS and not self.dirty_arbiter_pid:
+            close_sockets(self.LISTENERS, False)
+            self.LISTENERS = []
+            self.kill_workers(signal.SIGTERM)
+            deadline = time.monotonic() + self.cfg.graceful_timeout
+            # Reap first: the SIGCHLD of a worker that died just before the stop may have been
+            # taken off the queue with the SIGTERM that began it, and will not come again.
+            self.reap_workers()
+            while self.WORKERS and time.monotonic() < deadline:
+                try:
+                    sig = self.SIG_QUEUE.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    sig = None
+                if sig in (signal.SIGINT, signal.SIGQUIT):
+                    graceful = False
+                    break
+                self.reap_workers()
+                if sig is None and self.WORKERS:
+                    # Again: a worker forked just before the stop (to replace a dead one) may
+                    # have had the first SIGTERM before it set its own handlers, and lost it.
+                    self.kill_workers(signal.SIGTERM)
+        super().stop(graceful)
 
 
 class _Application(BaseApplication):
@@ -1043,6 +1120,13 @@ class _Application(BaseApplication):
     def load(self) -> Any:
         claim_single_worker()
         return self._factory().app
+
+    def run(self) -> None:
+        try:
+            _Arbiter(self).run()
+        except RuntimeError as exc:  # as gunicorn's own ``run`` reports a failed start
+            print(f"\nError: {exc}\n", file=sys.stderr)
+            sys.exit(1)
 
 
 def run_gunicorn(

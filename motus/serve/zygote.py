@@ -166,6 +166,20 @@ def _readable(fd: int, timeout: float | None) -> bool:
     return bool(wait_readable([fd], timeout))
 
 
+def _wait_for_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """``proc.wait(timeout)``, but woken the moment the process exits (by its pidfd):
+    ``Popen.wait`` with a timeout polls, sleeping up to 50 ms past the exit, and a server's
+    stop waits for its zygote this way."""
+    if proc.poll() is None:  # not reaped, so its pid is still its own
+        fd = os.pidfd_open(proc.pid)
+        try:
+            _readable(fd, timeout)
+        finally:
+            os.close(fd)
+    if proc.poll() is None:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+
+
 class Zygote:
     """The server's side: starts the zygote on first use (and again after it died), asks it
     for children. See the module docstring for the protocol and the guarantees."""
@@ -295,7 +309,7 @@ class Zygote:
             except OSError:
                 pass  # it is gone: nothing left to flush to
         try:
-            proc.wait(timeout)
+            _wait_for_exit(proc, timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -306,14 +320,16 @@ class Zygote:
 
 def main(config: dict[str, Any]) -> None:
     """The zygote's entry point (see ``_BOOTSTRAP``)."""
-    from motus.serve import worker
-
     ctl = socket.socket(fileno=config["ctl_fd"])
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the config pipe is done with; children must not hold it
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's business
     with _exit_if_abandoned(ctl):
+        # Imported here, watched: a server stopped while this loads (a fifth of a second, and
+        # what the agent's module imports) is not kept waiting for it.
+        from motus.serve import worker
+
         agent, load_error = worker.load(config["agent_path"], config["agent_blob"])
         try:
             worker.rehearse()

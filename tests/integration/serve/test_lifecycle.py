@@ -234,3 +234,51 @@ def test_the_worker_tells_the_arbiter_it_is_alive_about_once_a_second(start_serv
     assert len(seen) <= elapsed + 2, f"{len(seen)} heartbeats in {elapsed:.1f} s"
     busy_last = max(seen)
     wait_until(lambda: _heartbeat_mtime(worker) > busy_last, timeout=10, what="a heartbeat after the burst")
+
+
+def test_the_gunicorn_worker_ends_without_running_the_arbiters_exit_handlers(start_server, tmp_path: Path) -> None:
+    """The gunicorn worker is a fork of the arbiter, which imported the agent: an ``atexit``
+    handler the agent's module registered is the arbiter's to run, once, not the worker's
+    too. The worker ends with ``os._exit`` once its server has shut down (see
+    ``gunicorn_app._end_worker_process``); its status and its last log line survive that."""
+    record = tmp_path / "exits.txt"
+    server = start_server("tests.exit_agents:echo", env={"MOTUS_TEST_EXIT_RECORD": str(record)})
+    [worker] = [child for child in psutil.Process(server.process.pid).children() if "serve" in child.cmdline()]
+    session_id = start_turn(server, "hi")
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "echo: hi"
+    assert server.stop() == 0
+    ran_in = {int(line) for line in record.read_text().split()}
+    assert server.process.pid in ran_in
+    assert worker.pid not in ran_in
+    assert f"Worker exiting (pid: {worker.pid})" in server.log()
+    assert "Shutting down: Master" in server.log()
+
+
+def test_a_sigterm_right_after_the_worker_died_still_stops_the_server(start_server) -> None:
+    """Two races between a worker's death and a SIGTERM to the arbiter, each of which once
+    left the arbiter waiting for a worker until its graceful timeout:
+
+    - the SIGTERM and the dead worker's SIGCHLD taken off the arbiter's queue together,
+      SIGTERM first (made certain here by stopping the arbiter while both arrive: its
+      handlers then run in signal-number order): the stop must reap the dead worker without
+      waiting for another SIGCHLD;
+    - gunicorn forking a replacement just before the SIGTERM: the new worker may get the
+      signal before it has its own handlers, and lose it, so the arbiter sends it again.
+    """
+    for wait_for_replacement in (False, True, True):
+        server = start_server("tests.agents:echo")
+        arbiter = psutil.Process(server.process.pid)
+        [worker] = [child for child in arbiter.children() if "serve" in child.cmdline()]
+        if wait_for_replacement:
+            worker.kill()
+            wait_until(lambda: any(child.pid != worker.pid for child in arbiter.children()), what="gunicorn to fork a new worker")
+        else:
+            arbiter.suspend()
+            try:
+                worker.kill()
+                wait_until(lambda: worker.status() == psutil.STATUS_ZOMBIE, what="the worker to die")
+                server.process.send_signal(signal.SIGTERM)
+            finally:
+                arbiter.resume()
+            assert server.process.wait(20) == 0  # not stop(): a second SIGTERM could meet the arbiter's exit
+        assert server.stop(timeout=20) == 0

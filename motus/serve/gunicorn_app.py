@@ -693,11 +693,27 @@ class MotusWorker(ThreadWorker):
         self._budget = max(MAX_BUFFERED_TOTAL, 4 * self._limits.max_body)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        first = self.alive  # the arbiter sends SIGTERM again while it waits: act on the first
         super().handle_exit(sig, frame)
         server = _server_of(self)
-        if server is not None:
+        if first and server is not None:
             # Signal handler context: do the locking work on a fresh thread.
             threading.Thread(target=server.begin_shutdown, name="motus-begin-shutdown", daemon=True).start()
+
+    #: Set by ``_worker_exit`` when the server's shutdown begins.
+    motus_exiting = False
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        """SIGQUIT or SIGINT: gunicorn's quick stop. Running turns are not waited for: they
+        are treated as at the end of ``--shutdown-timeout`` (replayed at the next start, or
+        cancelled with their webhooks). gunicorn's own handler raises ``SystemExit`` wherever
+        the main thread is; once the server's shutdown is under way that would cut it short
+        (no cancellation, no webhooks, the store left open), so then this only hurries it."""
+        server = _server_of(self)
+        if server is not None:
+            server.hurry_shutdown()
+        if not self.motus_exiting:
+            super().handle_quit(sig, frame)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -1028,14 +1044,19 @@ def _post_worker_init(worker: Any) -> None:
 
 
 def _worker_exit(arbiter: Any, worker: Any) -> None:
-    server = _server_of(worker)
-    if server is not None:
-        server.shutdown()
-    if worker.pid == os.getpid():  # gunicorn also calls this hook in the arbiter, for a dead worker
-        _end_worker_process()
+    if worker.pid != os.getpid():  # gunicorn also calls this hook in the arbiter, for a dead worker
+        return
+    exiting = sys.exc_info()[1]  # the SystemExit gunicorn is propagating (see _end_worker_process)
+    worker.motus_exiting = True
+    try:
+        server = _server_of(worker)
+        if server is not None:
+            server.shutdown()
+    finally:
+        _end_worker_process(exiting)
 
 
-def _end_worker_process() -> None:
+def _end_worker_process(exiting: BaseException | None) -> None:
     """End the gunicorn worker here, once its server has shut down, with the status it is
     exiting with, instead of letting ``sys.exit`` unwind the arbiter's stack it was forked on.
 
@@ -1046,9 +1067,9 @@ def _end_worker_process() -> None:
     ``os._exit`` for the same reason). What matters is kept: the store, webhooks and metrics
     were closed by the server's shutdown, and the logs and standard streams are flushed here.
     gunicorn calls ``worker_exit`` from a ``finally`` clause as its ``sys.exit`` propagates, so
-    the status is that exception's; called any other way, this does nothing.
+    the status is that exception's (``exiting``); called any other way, this does nothing. It
+    runs even if the shutdown raised, so the worker never unwinds into the arbiter's code.
     """
-    exiting = sys.exc_info()[1]
     if not isinstance(exiting, SystemExit):
         return
     code = exiting.code
@@ -1076,8 +1097,9 @@ class _Arbiter(Arbiter):
     is on the arbiter's signal queue, which a SIGCHLD fills at once. The rest is gunicorn's:
     the listening sockets are closed first (TCP only, so nothing to unlink), a SIGINT or
     SIGQUIT during the wait turns it into gunicorn's quick stop, and a worker still alive
-    after ``graceful_timeout`` is killed by gunicorn's ``stop``, called at the end. The
-    SIGTERM is sent again every second of the wait (the worker's handler is idempotent).
+    after ``graceful_timeout`` is killed (gunicorn's ``stop``, called at the end, would have
+    given it a second ``graceful_timeout``). The SIGTERM is sent again every second of the
+    wait (the worker acts on the first).
     """
 
     def stop(self, graceful: bool = True) -> None:
@@ -1102,6 +1124,9 @@ class _Arbiter(Arbiter):
                     # Again: a worker forked just before the stop (to replace a dead one) may
                     # have had the first SIGTERM before it set its own handlers, and lost it.
                     self.kill_workers(signal.SIGTERM)
+            if graceful and self.WORKERS:
+                # Out of time: gunicorn's stop would begin another whole graceful_timeout.
+                self.kill_workers(signal.SIGKILL)
         super().stop(graceful)
 
 

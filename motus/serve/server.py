@@ -240,6 +240,11 @@ class AgentServer:
         """Release long polls and refuse new work at once (safe to call from any thread)."""
         self.turns.begin_shutdown()
 
+    def hurry_shutdown(self) -> None:
+        """A quick stop: running turns are not waited for (see ``Turns.hurry``). Safe from a
+        signal handler."""
+        self.turns.hurry()
+
     def shutdown(self) -> None:
         """Stop. Turns waiting on a person are parked in a durable store (cancelled with
         ``memory``); running turns get ``shutdown_timeout`` seconds, then are left to be

@@ -1,6 +1,6 @@
-"""Attacks on the fast stop (commit 2191216): the gunicorn worker's ``os._exit`` after its
-shutdown, the arbiter's wait on its signal queue, and the zygote's watched import and pidfd
-wait. Every test runs real ``motus serve`` processes and checks what a stop must still
+"""Attacks on the fast stop: the gunicorn worker's ``os._exit`` after its shutdown, the
+arbiter's wait on its signal queue, the zygote's watched import and pidfd wait, and a quick
+stop (SIGINT, SIGQUIT) that lands during the worker's shutdown. Every test runs real ``motus serve`` processes and checks what a stop must still
 guarantee: exit status 0, no surviving process, the last log lines, parked or cancelled
 turns."""
 
@@ -18,18 +18,11 @@ import pytest
 from tests.conftest import Server, wait_until
 from tests.integration.serve.test_durability import health, resume_ok, store_url, wait_idle
 from tests.integration.serve.test_hitl import WebhookSink, interrupted, start_turn
+from tests.integration.serve.test_zygote import alive as _alive
+from tests.integration.serve.test_zygote import serving
 
 
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def gunicorn_worker(server: Server) -> psutil.Process:
-    [worker] = [child for child in psutil.Process(server.process.pid).children() if "serve" in " ".join(child.cmdline())]
-    return worker
+gunicorn_worker = serving
 
 
 def zygote(server: Server) -> psutil.Process:
@@ -101,7 +94,8 @@ def test_sigkill_of_the_zygote_then_a_turn_then_sigterm(start_server: Callable[.
 # -- signals ------------------------------------------------------------------------------------
 
 
-def test_double_sigterm_with_an_interrupted_turn_cancels_it_once(start_server: Callable[..., Server]) -> None:
+@pytest.mark.parametrize("signals", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT,)], ids=["double-sigterm", "sigint-alone"])
+def test_a_stop_with_an_interrupted_turn_cancels_it_once(start_server: Callable[..., Server], signals: tuple[int, ...]) -> None:
     server = start_server("tests.agents:dispatch", "--store", "memory")
     sink = WebhookSink()
     try:
@@ -109,8 +103,8 @@ def test_double_sigterm_with_an_interrupted_turn_cancels_it_once(start_server: C
         server.send(sid, "approval doomed", webhook={"url": sink.url})
         interrupted(server, sid)
         descendants = server.descendants()
-        server.process.send_signal(signal.SIGTERM)
-        server.process.send_signal(signal.SIGTERM)
+        for sig in signals:
+            server.process.send_signal(sig)
         assert wait_exit(server) == 0
         wait_until(lambda: not [p for p in descendants if _alive(p)], what="every process to end")
         [call] = sink.wait_for(1)
@@ -137,23 +131,6 @@ def test_sigterm_then_quick_stop_while_a_turn_runs(start_server: Callable[..., S
         server.process.send_signal(second)
         assert wait_exit(server, timeout=60) == 0, server.log()
         wait_until(lambda: not [p for p in descendants if _alive(p)], timeout=20, what="every process to end")
-        [call] = sink.wait_for(1)
-        assert call["body"]["error"] == "Turn cancelled"
-    finally:
-        sink.close()
-
-
-def test_sigint_alone_stops_cleanly(start_server: Callable[..., Server]) -> None:
-    server = start_server("tests.agents:dispatch", "--store", "memory")
-    sink = WebhookSink()
-    try:
-        sid = server.create_session()
-        server.send(sid, "approval doomed", webhook={"url": sink.url})
-        interrupted(server, sid)
-        descendants = server.descendants()
-        server.process.send_signal(signal.SIGINT)
-        assert wait_exit(server) == 0
-        wait_until(lambda: not [p for p in descendants if _alive(p)], what="every process to end")
         [call] = sink.wait_for(1)
         assert call["body"]["error"] == "Turn cancelled"
     finally:
@@ -208,21 +185,6 @@ def test_sqlite_interrupted_and_running_turns_survive_a_stop_once(start_server: 
     resume_ok(second, waiting, item["interrupt_id"], {"approved": True})
     assert wait_idle(second, waiting)["response"]["content"].startswith("approved=True")
     assert second.stop() == 0
-
-
-@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGQUIT])
-def test_sigterm_then_quick_stop_while_a_turn_runs_leaves_no_process(start_server: Callable[..., Server], second: int) -> None:
-    """The part of the quick stop that holds: exit status 0 and no survivor."""
-    server = start_server("tests.agents:dispatch", "--shutdown-timeout", "120", "--store", "memory")
-    sid = start_turn(server, "hang")
-    wait_until(lambda: server.get("/health").json()["running_workers"] == 1, what="the turn to run")
-    descendants = server.descendants()
-    worker = gunicorn_worker(server)
-    server.process.send_signal(signal.SIGTERM)
-    wait_until(lambda: f"Worker exiting (pid: {worker.pid})" in server.log(), what="the worker to begin its shutdown")
-    server.process.send_signal(second)
-    assert wait_exit(server, timeout=60) == 0, server.log()
-    wait_until(lambda: not [p for p in descendants if _alive(p)], timeout=20, what="every process to end")
 
 
 def test_a_quick_stop_during_the_workers_shutdown_runs_no_inherited_atexit_handler(

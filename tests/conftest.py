@@ -37,6 +37,12 @@ from tests import pg
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Tests press Ctrl-C in the processes they start (the terminal chat, `flask motus serve`). A
+# suite started in the background by a shell without job control inherits SIGINT ignored, and
+# so would every process it starts: Python then never raises KeyboardInterrupt. Restore it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> object:
     """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (then fail)."""

@@ -3,7 +3,9 @@
 ``start_server(agent, *args)`` runs ``python -m motus serve start <agent> --port <free>``
 (gunicorn, as a user runs it) in a subprocess, waits until ``GET /health`` answers, and
 stops it at the end of the test, failing the test if the server or anything it started
-outlives that stop. Test agents live in importable modules under ``tests/`` (for example
+outlives that stop. ``shared_server(agent, *args)`` is the same for a whole module: tests that
+do not depend on each other share one server (a start costs ~0.85 s of CPU; the suite's
+time is mostly server starts). Test agents live in importable modules under ``tests/`` (for example
 ``tests.agents:echo``).
 
 The autouse ``no_leaks`` fixture fails any test that leaves a child process or a thread
@@ -283,6 +285,40 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         yield start
 
 
+#: Process ids of servers that outlive a test by design (``shared_server``): not leaks.
+_SHARED_SERVERS: set[int] = set()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """Factory like ``start_server``, but one server per (agent, arguments, environment) for the
+    whole module: the first test that asks starts it, the others reuse it, and it is stopped
+    (with the same check that nothing it started survives) when the module's tests are done.
+
+    For tests that do not depend on each other: each works on sessions of its own and asserts
+    nothing about the server as a whole that another test changes (its session count or
+    list, metrics totals, its log as a whole, its worker processes, a kill or a stop). A test
+    that needs any of that starts its own server with ``start_server``.
+    """
+    servers: dict[tuple[object, ...], Server] = {}
+    with server_factory(tmp_path_factory.mktemp("shared")) as start:
+
+        def get(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+            key = (agent, args, tuple(sorted((env or {}).items())))
+            server = servers.get(key)
+            if server is None:
+                server = servers[key] = start(agent, *args, env=env)
+                _SHARED_SERVERS.add(server.process.pid)
+            elif server.process.poll() is not None:
+                raise AssertionError(f"a shared server exited with {server.process.returncode}:\n{server.log()}")
+            return server
+
+        try:
+            yield get
+        finally:
+            _SHARED_SERVERS.difference_update(server.process.pid for server in servers.values())
+
+
 def _children() -> set[int]:
     """Direct children only: a server's own workers come and go with its turns, and
     ``Server.stop`` checks that none of them outlives the server."""
@@ -310,7 +346,7 @@ def no_leaks() -> Iterator[None]:
         # The session's cluster may first be asked for inside a test (getfixturevalue): it
         # outlives the test by design.
         kept = {c.pid for c in [*clusters_before, *pg.live_clusters()] if c.pid is not None and (c in clusters_before or c.session_scoped)}
-        return _children() - children_before - kept
+        return _children() - children_before - kept - _SHARED_SERVERS
 
     def clean() -> bool:
         return not new_children() and not (set(threading.enumerate()) - threads_before)

@@ -19,6 +19,24 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from motus.api.webhook_urls import MAX_URL_LENGTH, check_token, check_url
 from motus.models import ChatMessage
 
+__all__ = [
+    "AuditEntry",
+    "CreateSessionRequest",
+    "ErrorResponse",
+    "Grant",
+    "HealthResponse",
+    "InboxItem",
+    "InterruptInfo",
+    "MessageAccepted",
+    "ResumeAccepted",
+    "ResumeRequest",
+    "SendMessageRequest",
+    "SessionResponse",
+    "SessionSummary",
+    "StatusName",
+    "Webhook",
+]
+
 StatusName = Literal["idle", "running", "interrupted", "error"]
 
 

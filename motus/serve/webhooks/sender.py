@@ -132,7 +132,7 @@ def deliver(
     try:
         signed = {TIMESTAMP_HEADER: str(timestamp), SIGNATURE_HEADER: sign(secret, body)} if secret else {}
         status, note = attempt(url, body, webhook.get("token"), allow or Allow(), exposed, timeout, resolver, ssl_context,
-                                cancel or Cancel(), signed)
+                               cancel or Cancel(), signed)
     except Refused as exc:
         log.warning("webhook for session %s to %s refused: %s", end.session_id, shown, exc)
         return False

@@ -48,9 +48,7 @@ from urllib.parse import quote
 import requests
 from pydantic import BaseModel, ValidationError
 
-from motus.client.events import Event, read_events
-from motus.models import ChatMessage
-from motus.serve.schemas import (
+from motus.api.schemas import (
     AuditEntry,
     Grant,
     InboxItem,
@@ -62,6 +60,8 @@ from motus.serve.schemas import (
     SessionSummary,
     Webhook,
 )
+from motus.client.events import Event, read_events
+from motus.models import ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,9 @@ __all__ = [
 DEFAULT_POLL_SECONDS = 25.0
 
 
-# The response models are the server's own (``motus.serve.schemas``), so the client and
-# the server share one definition of the REST contract of serving-api.md.
+# The response models are the HTTP API's shared ones (``motus.api.schemas``), which the
+# server answers with, so the client and the server share one definition of the REST
+# contract of serving-api.md, and the client loads no server module.
 
 # --------------------------------------------------------------------------- errors
 

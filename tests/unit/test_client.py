@@ -17,7 +17,7 @@ from motus.client import (
     Unavailable,
     normalize_url,
 )
-from motus.serve.schemas import SessionResponse
+from motus.api.schemas import SessionResponse
 
 
 @pytest.mark.parametrize(

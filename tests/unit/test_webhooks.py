@@ -24,6 +24,7 @@ import pytest
 
 from motus.serve import webhooks
 from motus.serve.turns import SessionStatus, TurnEnd
+from motus.serve.webhooks import sender as webhook_sender
 from motus.serve.webhooks import Allow, WebhookSender, check_token, check_url, deliver, redact, refusal
 
 # -- a raw HTTP endpoint ------------------------------------------------------------------------
@@ -597,7 +598,7 @@ def sender() -> Iterator[WebhookSender]:
 
 
 def test_no_exception_of_any_kind_ends_delivery(sender: WebhookSender, receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    real = webhooks.deliver
+    real = webhook_sender.deliver
     kinds = iter([KeyError, ValueError, KeyboardInterrupt, SystemExit, MemoryError])
 
     def flaky(end: TurnEnd, **kwargs: object) -> bool:
@@ -605,7 +606,7 @@ def test_no_exception_of_any_kind_ends_delivery(sender: WebhookSender, receiver:
             raise next(kinds)("x")
         return real(end, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(webhooks, "deliver", flaky)
+    monkeypatch.setattr(webhook_sender, "deliver", flaky)  # what the delivery threads call
     for n in range(5):
         sender.send(ended(session_id=f"bad{n}", url=receiver.url(f"/bad{n}")))
     sender.send(ended(session_id="stored", url="http://a..b/"))  # a record from before the checks

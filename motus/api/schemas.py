@@ -1,0 +1,183 @@
+"""The REST contract in one file: request and response bodies as pydantic models.
+
+Part of the HTTP API's shared vocabulary (:mod:`motus.api`): the server's views validate
+every body with these models and answer with them, and the client parses the server's answers
+with the same models, so the contract that clients see and the OpenAPI document are derived
+from one place. It imports neither the server (``motus.serve``) nor the client
+(``motus.client``).
+
+Unknown fields are ignored, never refused, so a client written for a newer or older server
+keeps working. Field names, defaults and nullability follow ``serving-api.md`` exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+
+from motus.api.webhook_urls import MAX_URL_LENGTH, check_token, check_url
+from motus.models import ChatMessage
+
+__all__ = [
+    "AuditEntry",
+    "CreateSessionRequest",
+    "ErrorResponse",
+    "Grant",
+    "HealthResponse",
+    "InboxItem",
+    "InterruptInfo",
+    "MessageAccepted",
+    "ResumeAccepted",
+    "ResumeRequest",
+    "SendMessageRequest",
+    "SessionResponse",
+    "SessionSummary",
+    "StatusName",
+    "Webhook",
+]
+
+StatusName = Literal["idle", "running", "interrupted", "error"]
+
+
+class Webhook(BaseModel):
+    """Where to POST the outcome of the turn. The URL is checked here (``check_url``: http or
+    https, a well-formed host, no whitespace or control characters, at most 2048 characters);
+    where it may connect to is checked at delivery, on the addresses the host resolves to."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    url: str = Field(min_length=1, json_schema_extra={"maxLength": MAX_URL_LENGTH, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"})
+    token: str | None = None
+    include_messages: bool = False
+    events: list[Literal["interrupted", "idle", "error"]] | None = Field(
+        default=None, description='When to deliver; default ["idle", "error"] (a turn that ended).'
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        check_url(value)  # ValueError naming the problem
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _header_safe_token(cls, value: str | None) -> str | None:
+        check_token(value)
+        return value
+
+
+class CreateSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    state: list[ChatMessage] | None = None
+
+
+class SendMessageRequest(ChatMessage):
+    """A ``ChatMessage`` (role defaults to ``user``) plus an optional webhook."""
+
+    webhook: Webhook | None = None
+
+    def message(self) -> ChatMessage:
+        return ChatMessage.model_validate(self.model_dump(exclude={"webhook"}))
+
+
+class ResumeRequest(BaseModel):
+    interrupt_id: str = Field(min_length=1)
+    value: Any = None
+
+
+class InterruptInfo(BaseModel):
+    interrupt_id: str
+    type: str
+    payload: dict[str, Any]
+    created_at: str | None = Field(default=None, description="When the server first saw it (ISO 8601, UTC).")
+    expires_at: str | None = Field(default=None, description="When it resolves itself with its default, if it has a timeout.")
+
+    @model_serializer(mode="wrap")
+    def _guide_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """In a session answer an interrupt keeps the guide's three fields unless it expires
+        (a client comparing whole answers with the reference's keeps working); the inbox
+        always shows both times."""
+        data = handler(self)
+        if data.get("expires_at") is None and not isinstance(self, InboxItem):
+            data.pop("expires_at", None)
+            data.pop("created_at", None)
+        return data
+
+
+class InboxItem(InterruptInfo):
+    """A pending interrupt in the inbox (``GET /interrupts``), with its session."""
+
+    session_id: str
+
+
+class Grant(BaseModel):
+    """A remembered approval: calls of ``tool_name`` in this session pass the gate."""
+
+    tool_name: str
+    granted_by: str
+    granted_at: str
+
+
+class AuditEntry(BaseModel):
+    """Who decided what. ``kind`` is ``resolved`` (an interrupt answered: ``by`` a key's
+    name, or ``timeout``), ``grant`` or ``revoke``; the other fields depend on it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["resolved", "grant", "revoke"]
+    at: str
+    by: str
+
+
+class SessionResponse(BaseModel):
+    session_id: str
+    status: StatusName
+    response: ChatMessage | None = None
+    error: str | None = None
+    interrupts: list[InterruptInfo] | None = None
+    turn: dict[str, Any] | None = Field(
+        default=None,
+        description="While running or interrupted: the message that started the turn and what it did so far "
+        "(model replies and tool calls, tool results, interrupts), from the turn journal.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _guide_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``turn`` only while a turn is live: otherwise the answer is the guide's exactly."""
+        data = handler(self)
+        if data.get("turn") is None:
+            data.pop("turn", None)
+        return data
+
+
+class SessionSummary(BaseModel):
+    session_id: str
+    total_messages: int
+    status: StatusName
+
+
+class MessageAccepted(BaseModel):
+    session_id: str
+    status: StatusName
+
+
+class ResumeAccepted(BaseModel):
+    session_id: str
+    status: StatusName
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+    max_workers: int
+    running_workers: int
+    total_sessions: int
+    store: str = "memory"
+    live_turns: int = 0
+    parked_turns: int = 0
+    open_streams: int = 0
+
+
+class ErrorResponse(BaseModel):
+    detail: str

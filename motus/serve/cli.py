@@ -9,7 +9,6 @@ process and ``--threads`` request threads; the agent server is built inside that
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import socket
 import sys
@@ -24,8 +23,6 @@ from motus.serve.auth import ENV_VAR as ENV_VAR_API_KEY
 from motus.serve.config import LOG_LEVELS as LOG_LEVELS  # re-exported: their old home
 from motus.serve.config import RESERVED_THREADS as RESERVED_THREADS
 from motus.serve.config import web_chat_address as web_chat_address
-
-log = logging.getLogger(__name__)
 
 
 def resolve_store(opts: dict[str, Any]) -> str:
@@ -95,7 +92,8 @@ def keys_from_reexec() -> list[str]:
 
 
 def server_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The options every way of starting a server shares: ``config.SETTINGS``'."""
+    """The options every way of starting a server shares: the settings table's
+    (``config.SETTINGS``)."""
     return config.click_options(func)
 
 

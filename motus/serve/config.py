@@ -60,7 +60,10 @@ class _NeverOr(click.ParamType):
             return value
         if isinstance(value, str) and value.strip().lower() == "never":
             return None
-        return self.inner.convert(value.strip() if isinstance(value, str) else value, param, ctx)
+        try:
+            return self.inner.convert(value.strip() if isinstance(value, str) else value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"expected a number of seconds >= 0 or 'never', got {value!r}", param, ctx)
 
 
 @dataclass(frozen=True)

@@ -123,16 +123,9 @@ class AgentServer:
         self.max_request_bytes = max_request_bytes
         self.max_wait = max_wait
         self.max_interrupts = max_interrupts
-        self.threads = threads
-        # Long polls and event streams share the request threads, and together must leave
-        # RESERVED_THREADS for resumes and health checks: streams get up to max_streams,
-        # long polls what remains. Past that many at once, a poll answers at once with the
-        # current state instead of waiting, so polls can never starve the threads that
-        # resumes and health checks need. An explicit max_waiters of 0 = no cap.
-        max_streams = stream_budget(threads, max_streams)
-        if max_waiters is None:
-            max_waiters = waiter_budget(threads, max_streams)
-        self.waiters = threading.BoundedSemaphore(max_waiters) if max_waiters else None
+        self._streams_wanted = max_streams
+        self._waiters_wanted = max_waiters
+        self._share_threads(threads)
         if store is None:
             store = default_store_url(self.agent_path)
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
@@ -152,7 +145,6 @@ class AgentServer:
         # loopback or private services unless --webhook-allow says so.
         exposed = not is_loopback(host) or bool(self.allowed_hosts)
         self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed, secret=webhook_secret)
-        self.streams = StreamSlots(max_streams)
         self.turns = Turns(
             self.store,
             self.events,
@@ -175,6 +167,19 @@ class AgentServer:
         self._started_pid: int | None = None
         self._stopped = False
         self._app: Flask | None = None
+
+    def _share_threads(self, threads: int) -> None:
+        """Budget ``threads`` request threads. Long polls and event streams share them, and
+        together must leave ``RESERVED_THREADS`` for resumes and health checks: streams get up
+        to ``max_streams``, long polls what remains (or ``max_waiters`` if it was given; 0 =
+        no cap). Past that many at once, a poll answers at once with the current state
+        instead of waiting, so polls can never starve the threads resumes need. Called before
+        any request is served."""
+        self.threads = threads
+        streams = stream_budget(threads, self._streams_wanted)
+        waiters = self._waiters_wanted if self._waiters_wanted is not None else waiter_budget(threads, streams)
+        self.streams = StreamSlots(streams)
+        self.waiters = threading.BoundedSemaphore(waiters) if waiters else None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -314,7 +319,8 @@ class AgentServer:
         log_format: str = DEFAULTS["log_format"],
     ) -> None:
         """Serve with gunicorn (one process, ``threads`` request threads) until stopped;
-        ``host`` and ``threads`` default to the server's own."""
+        ``host`` and ``threads`` default to the server's own (other ``threads`` re-budget
+        long polls and event streams as ``--threads`` does)."""
         from motus.serve.gunicorn_app import run_gunicorn
 
         if multiprocessing.current_process().name in (WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME):
@@ -325,11 +331,13 @@ class AgentServer:
                 "main script again, so start the server under 'if __name__ == \"__main__\":'"
             )
 
+        if threads is not None and threads != self.threads:
+            self._share_threads(threads)  # as --threads would have
         run_gunicorn(
             lambda: self,
             host=self.host if host is None else host,
             port=port,
-            threads=self.threads if threads is None else threads,
+            threads=self.threads,
             shutdown_timeout=self.shutdown_timeout,
             log_level=log_level,
             read_timeout=read_timeout,

@@ -23,6 +23,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import click
@@ -217,9 +218,9 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
+BY_NAME: Mapping[str, Setting] = MappingProxyType({setting.name: setting for setting in SETTINGS})
 #: Every setting's default by name (``AgentServer``'s keyword defaults come from here).
-DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
+DEFAULTS: Mapping[str, Any] = MappingProxyType({setting.name: setting.default for setting in SETTINGS})
 
 
 def click_options(func: Callable[..., Any]) -> Callable[..., Any]:

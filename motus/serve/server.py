@@ -23,6 +23,7 @@ from flask import Flask
 from motus.serve.agents import agent_blob, check_agent, load_agent
 from motus.serve.auth import ENV_VAR as API_KEY_ENV_VAR
 from motus.serve.auth import ApiKeys, is_loopback
+from motus.serve.config import BY_NAME, DEFAULTS, DURABLE_PARK_AFTER, PARK_BY_STORE, stream_budget, waiter_budget
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
 from motus.serve.metrics import ServerMetrics
@@ -36,20 +37,22 @@ from motus.serve.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
+# The defaults are the settings table's (``motus.serve.config``), so ``AgentServer(agent)``
+# serves as ``motus serve start agent`` does with no flags. These names stay for importers.
 #: Request bodies above this are refused with 413 (resume values fit with room to spare).
-DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES: int = DEFAULTS["max_request_bytes"]
 #: A long poll never waits longer than this, whatever ``timeout`` it asks for.
-DEFAULT_MAX_WAIT_SECONDS = 300.0
+DEFAULT_MAX_WAIT_SECONDS: float = DEFAULTS["max_wait"]
 #: One turn may wait on at most this many interrupts at once.
-DEFAULT_MAX_INTERRUPTS = 64
+DEFAULT_MAX_INTERRUPTS: int = DEFAULTS["max_interrupts"]
 #: How long running turns may take to finish when the server stops.
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_SHUTDOWN_TIMEOUT: float = DEFAULTS["shutdown_timeout"]
 #: The store URL's environment variable (``--store``'s default), kept from agents.
-STORE_ENV_VAR = "MOTUS_STORE"
+STORE_ENV_VAR = BY_NAME["store"].env_var
 #: With a durable store, a turn waiting on a person is parked after this many seconds.
-DEFAULT_PARK_AFTER = 30.0
-#: Event streams open at once (each holds a request thread; gunicorn has 128 by default).
-DEFAULT_MAX_STREAMS = 64
+DEFAULT_PARK_AFTER = DURABLE_PARK_AFTER
+#: Event streams open at once (each holds a request thread; the CLI has 128 by default).
+DEFAULT_MAX_STREAMS: int = DEFAULTS["max_streams"]
 
 
 class AgentServer:
@@ -63,34 +66,40 @@ class AgentServer:
     ``sqlite:///.motus/<module>.<attr>.sqlite3`` for an import path, memory for an object.
     ``park_after``: seconds a turn waits on a person before its process is ended (``None``
     = never); the default is 30 s with a durable store and never with ``memory``.
+    ``threads``: the request threads it is served with; event streams get at most
+    ``max_streams`` of them and long polls what is left (``max_waiters``, unless given; 0 =
+    no cap), keeping ``config.RESERVED_THREADS`` for resumes and health checks. Every
+    default is the settings table's (``motus.serve.config``): ``AgentServer(agent)`` serves
+    as ``motus serve start agent`` with no flags does.
     """
 
     def __init__(
         self,
         agent: Any = None,
-        max_workers: int = 0,
-        ttl: float = 0,
-        timeout: float = 0,
-        max_sessions: int = 0,
-        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-        allow_custom_ids: bool = False,
-        ui: bool = True,
+        max_workers: int = DEFAULTS["workers"],
+        ttl: float = DEFAULTS["ttl"],
+        timeout: float = DEFAULTS["timeout"],
+        max_sessions: int = DEFAULTS["max_sessions"],
+        shutdown_timeout: float = DEFAULTS["shutdown_timeout"],
+        allow_custom_ids: bool = DEFAULTS["allow_custom_ids"],
+        ui: bool = DEFAULTS["ui"],
         warm_workers: int | None = None,
         api_keys: ApiKeys | list[str] | None = None,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        max_wait: float = DEFAULT_MAX_WAIT_SECONDS,
-        max_interrupts: int = DEFAULT_MAX_INTERRUPTS,
-        max_waiters: int = 0,
-        store: str | Store | None = None,
-        park_after: float | None | str = "default",
-        lease_seconds: float = 15.0,
-        host: str = "127.0.0.1",
+        max_request_bytes: int = DEFAULTS["max_request_bytes"],
+        max_wait: float = DEFAULTS["max_wait"],
+        max_interrupts: int = DEFAULTS["max_interrupts"],
+        max_waiters: int | None = None,
+        store: str | Store | None = DEFAULTS["store"],
+        park_after: float | None | str = DEFAULTS["park_after"],
+        lease_seconds: float = DEFAULTS["lease_seconds"],
+        host: str = DEFAULTS["host"],
         allowed_hosts: list[str] | None = None,
         webhook_allow: list[str] | None = None,
         agent_fn: Any = None,
-        max_streams: int = DEFAULT_MAX_STREAMS,
-        webhook_secret: str | None = None,
-        metrics_port: int | None = None,
+        max_streams: int = DEFAULTS["max_streams"],
+        webhook_secret: str | None = DEFAULTS["webhook_secret"],
+        metrics_port: int | None = DEFAULTS["metrics_port"],
+        threads: int = DEFAULTS["threads"],
     ) -> None:
         agent = _one_agent(agent, agent_fn)
         self._agent_blob: bytes | None = None
@@ -114,16 +123,15 @@ class AgentServer:
         self.max_request_bytes = max_request_bytes
         self.max_wait = max_wait
         self.max_interrupts = max_interrupts
-        # Long polls each hold a request thread; past this many at once, a poll answers at
-        # once with the current state instead of waiting, so polls can never starve the
-        # threads that resumes and health checks need. 0 = no cap.
-        self.waiters = threading.BoundedSemaphore(max_waiters) if max_waiters else None
+        self._streams_wanted = max_streams
+        self._waiters_wanted = max_waiters
+        self._share_threads(threads)
         if store is None:
             store = default_store_url(self.agent_path)
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if self.store.shared:
             self.store.lease_seconds = lease_seconds  # type: ignore[attr-defined]
-        if park_after == "default":
+        if park_after == PARK_BY_STORE:
             park_after = DEFAULT_PARK_AFTER if self.store.durable else None
         self.park_after: float | None = park_after  # type: ignore[assignment]
         self.events = Events()
@@ -137,7 +145,6 @@ class AgentServer:
         # loopback or private services unless --webhook-allow says so.
         exposed = not is_loopback(host) or bool(self.allowed_hosts)
         self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed, secret=webhook_secret)
-        self.streams = StreamSlots(max_streams)
         self.turns = Turns(
             self.store,
             self.events,
@@ -160,6 +167,19 @@ class AgentServer:
         self._started_pid: int | None = None
         self._stopped = False
         self._app: Flask | None = None
+
+    def _share_threads(self, threads: int) -> None:
+        """Budget ``threads`` request threads. Long polls and event streams share them, and
+        together must leave ``RESERVED_THREADS`` for resumes and health checks: streams get up
+        to ``max_streams``, long polls what remains (or ``max_waiters`` if it was given; 0 =
+        no cap). Past that many at once, a poll answers at once with the current state
+        instead of waiting, so polls can never starve the threads resumes need. Called before
+        any request is served."""
+        self.threads = threads
+        streams = stream_budget(threads, self._streams_wanted)
+        waiters = self._waiters_wanted if self._waiters_wanted is not None else waiter_budget(threads, streams)
+        self.streams = StreamSlots(streams)
+        self.waiters = threading.BoundedSemaphore(waiters) if waiters else None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -289,8 +309,18 @@ class AgentServer:
 
     # -- running it -------------------------------------------------------------------
 
-    def run(self, host: str = "127.0.0.1", port: int = 8000, threads: int = 128, log_level: str = "info") -> None:
-        """Serve with gunicorn (one process, ``threads`` request threads) until stopped."""
+    def run(
+        self,
+        host: str | None = None,
+        port: int = DEFAULTS["port"],
+        threads: int | None = None,
+        log_level: str = DEFAULTS["log_level"],
+        read_timeout: float = DEFAULTS["read_timeout"],
+        log_format: str = DEFAULTS["log_format"],
+    ) -> None:
+        """Serve with gunicorn (one process, ``threads`` request threads) until stopped;
+        ``host`` and ``threads`` default to the server's own (other ``threads`` re-budget
+        long polls and event streams as ``--threads`` does)."""
         from motus.serve.gunicorn_app import run_gunicorn
 
         if multiprocessing.current_process().name in (WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME):
@@ -301,8 +331,17 @@ class AgentServer:
                 "main script again, so start the server under 'if __name__ == \"__main__\":'"
             )
 
+        if threads is not None and threads != self.threads:
+            self._share_threads(threads)  # as --threads would have
         run_gunicorn(
-            lambda: self, host=host, port=port, threads=threads, shutdown_timeout=self.shutdown_timeout, log_level=log_level
+            lambda: self,
+            host=self.host if host is None else host,
+            port=port,
+            threads=self.threads,
+            shutdown_timeout=self.shutdown_timeout,
+            log_level=log_level,
+            read_timeout=read_timeout,
+            log_format=log_format,
         )
 
 

@@ -141,13 +141,15 @@ def test_flask_cli_plugin(tmp_path: Path) -> None:
     assert server.process.returncode in (0, -signal.SIGINT)
 
 
-def _gunicorn(workers: int, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+def _gunicorn(
+    workers: int, port: int, log_path: Path, app: str = "wsgi:app", worker_class: str = "gthread", env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-w", str(workers), "-k", "gthread", "--threads", "8",
-             "-b", f"127.0.0.1:{port}", "--no-control-socket", "wsgi:app"],
+            [sys.executable, "-m", "gunicorn", "-w", str(workers), "-k", worker_class, "--threads", "8",
+             "-b", f"127.0.0.1:{port}", "--no-control-socket", app],
             cwd=ROOT,
-            env=server_env({"MOTUS_AGENT": "tests.agents:echo", "MOTUS_WORKERS": "1"}),
+            env=server_env({"MOTUS_AGENT": "tests.agents:echo", "MOTUS_WORKERS": "1", **(env or {})}),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -163,6 +165,24 @@ def test_wsgi_under_gunicorn(tmp_path: Path) -> None:
         wait_healthy(server.url, process, log_path)  # type: ignore[arg-type]
         session_id = start_turn(server, "via wsgi")
         assert server.wait_for_status(session_id, "idle")["response"]["content"] == "echo: via wsgi"
+    finally:
+        assert server.stop() == 0
+
+
+def test_packaged_wsgi_with_the_motus_worker_takes_its_settings_from_the_environment(tmp_path: Path) -> None:
+    """``gunicorn 'motus.serve.wsgi:app'`` as the README runs it: the app ships in the package,
+    and a setting the old top-level module could not take (here ``--max-sessions``) reaches
+    the server from its variable."""
+    port = free_port()
+    log_path = tmp_path / "gunicorn.log"
+    env = {"MOTUS_THREADS": "8", "MOTUS_MAX_SESSIONS": "1", "MOTUS_STORE": "memory"}
+    process = _gunicorn(1, port, log_path, "motus.serve.wsgi:app", "motus.serve.gunicorn_app.MotusWorker", env)
+    server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)  # type: ignore[arg-type]
+    try:
+        wait_healthy(server.url, process, log_path)  # type: ignore[arg-type]
+        session_id = start_turn(server, "via the package")
+        assert server.wait_for_status(session_id, "idle")["response"]["content"] == "echo: via the package"
+        assert server.post("/sessions", json={}).status_code == 503
     finally:
         assert server.stop() == 0
 

@@ -3,14 +3,14 @@
 ``start_server(agent, *args)`` runs ``python -m motus serve start <agent> --port <free>``
 (gunicorn, as a user runs it) in a subprocess, waits until ``GET /health`` answers, and
 stops it at the end of the test, failing the test if the server or anything it started
-outlives that stop. Test agents live in importable modules under ``tests/`` (for example
-``tests.agents:echo``).
+outlives that stop. Test agents live in the ``tests.agents`` package (for example
+``tests.agents:echo``, ``tests.agents.approval:calls``).
 
 The autouse ``no_leaks`` fixture fails any test that leaves a child process or a thread
 behind.
 
 ``pg_cluster`` (session scope, one per xdist worker) is a throwaway PostgreSQL server
-(``tests/pg.py``); ``pg_url`` is the URL of a fresh, empty database on it. Where PostgreSQL
+(``tests/support/pg.py``); ``pg_url`` is the URL of a fresh, empty database on it. Where PostgreSQL
 is not installed they skip, except in CI (``CI`` or ``MOTUS_REQUIRE_POSTGRES`` set to a true
 value), where that is a failure.
 """
@@ -33,7 +33,7 @@ import psutil
 import pytest
 import requests
 
-from tests import pg
+from tests.support import pg
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.pg import Cluster
+from tests.support.pg import Cluster
 
 
 def test_pg_url_is_a_database_one_can_write_to(pg_url: str) -> None:

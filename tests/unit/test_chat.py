@@ -19,7 +19,7 @@ from motus.client.chat import (
     format_question,
     parse_choices,
 )
-from tests.client_agents import APPROVAL, CUSTOM, QUESTIONS
+from tests.agents.client import APPROVAL, CUSTOM, QUESTIONS
 
 
 def scripted(*lines: str) -> tuple[Console, io.StringIO, io.StringIO]:

@@ -17,8 +17,8 @@ from motus.models import AnthropicChatClient, ChatMessage, ModelError, OpenAICha
 from motus.models.http import request_not_sent, scrub
 from motus.models.messages import FunctionCall, ToolCall
 from tests.conftest import free_port
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import (
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import (
     FakeProvider,
     Reply,
     anthropic_error,

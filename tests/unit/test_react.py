@@ -10,8 +10,8 @@ import pytest
 from motus.agent import ReActAgent
 from motus.models import AnthropicChatClient, ChatMessage, ModelError, OpenAIChatClient
 from motus.tools import tool
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_use, openai_error, openai_text, openai_tool_calls, tool_messages
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_use, openai_error, openai_text, openai_tool_calls, tool_messages
 
 
 def run(coro):  # noqa: ANN001, ANN201

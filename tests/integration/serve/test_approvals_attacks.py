@@ -3,7 +3,7 @@ remembered grants under replay, hostile agents and the live ``turn`` object.
 
 Real ``motus serve`` processes. The agents these tests serve are defined at the bottom of
 this module (the server imports ``tests.integration.serve.test_approvals_attacks:NAME``);
-gated tool bodies come from ``tests/approval_agents.py`` and leave one line per run in
+gated tool bodies come from ``tests/agents/approval.py`` and leave one line per run in
 ``ran-<tool>`` in the sandbox, so what really ran is counted on disk.
 """
 
@@ -27,8 +27,8 @@ from tests.conftest import Server, wait_until
 from tests.integration.serve.test_approvals_workflow import env, ran, resume, start
 
 HERE = "tests.integration.serve.test_approvals_attacks"
-CALLS = "tests.approval_agents:calls"
-EXPIRING = "tests.approval_agents:expiring"
+CALLS = "tests.agents.approval:calls"
+EXPIRING = "tests.agents.approval:expiring"
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_revoking_odd_tool_names_is_a_clean_404(start_server: Callable[..., Serv
 
 async def parallel_deletes(message, state):  # type: ignore[no-untyped-def]
     """Delete every path the message lists, all at once (both gates ask at once)."""
-    from tests.approval_agents import _reply, delete_file
+    from tests.agents.approval import _reply, delete_file
 
     paths = (message.content or "").split()
     results = await asyncio.gather(*(delete_file.invoke({"path": path}) for path in paths), return_exceptions=True)
@@ -430,7 +430,7 @@ async def odd_model(message, state):  # type: ignore[no-untyped-def]
     """Journal one model reply of an odd shape (as a provider might send), then wait on a person."""
     from motus.serve import journal
     from motus.serve.interrupt import interrupt
-    from tests.approval_agents import _reply
+    from tests.agents.approval import _reply
 
     reply = ODD_REPLIES[int(message.content or "0")]
     current = journal.current()
@@ -443,7 +443,7 @@ async def odd_model(message, state):  # type: ignore[no-untyped-def]
 async def odd_step(message, state):  # type: ignore[no-untyped-def]
     import motus
     from motus.serve.interrupt import interrupt
-    from tests.approval_agents import _reply
+    from tests.agents.approval import _reply
 
     await motus.step("weird", lambda: {"tags": {"a", "b"}, "ratio": float("nan"), "raw": b"\x00\xff"})
     value = await interrupt({"type": "confirm", "prompt": "after a weird step"})

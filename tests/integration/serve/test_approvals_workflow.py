@@ -1,7 +1,7 @@
 """Approvals as a workflow (issue 13): server-sent events, the inbox, expiry, remembered
 grants, named and read-only keys, the audit, and signed webhooks.
 
-Real ``motus serve`` processes; agents in ``tests/approval_agents.py`` record each gated tool
+Real ``motus serve`` processes; agents in ``tests/agents/approval.py`` record each gated tool
 body run in ``ran-<tool>`` in the sandbox, so what ran is counted on disk. Event streams are
 read with ``requests`` (``stream=True``) and parsed here, independently of ``motus.client``.
 """
@@ -19,13 +19,13 @@ import pytest
 import requests
 
 from tests.conftest import Instances, Server, server_factory, wait_until
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.test_hitl import WebhookSink
 
-CALLS = "tests.approval_agents:calls"
-EXPIRING = "tests.approval_agents:expiring"
-TWO = "tests.approval_agents:two_questions"
+CALLS = "tests.agents.approval:calls"
+EXPIRING = "tests.agents.approval:expiring"
+TWO = "tests.agents.approval:two_questions"
 OPS, VIEWER = "ops-secret-1", "viewer-secret-2"
 
 
@@ -488,7 +488,7 @@ def test_a_waiting_session_shows_the_message_and_what_the_turn_did(
         openai_text("Done."),
     )
     server = start_server(
-        "tests.durable_agents:files", env=env(sandbox, MOTUS_TEST_PROVIDER_URL=fake_provider.url, OPENROUTER_API_KEY="")
+        "tests.agents.durable:files", env=env(sandbox, MOTUS_TEST_PROVIDER_URL=fake_provider.url, OPENROUTER_API_KEY="")
     )
     session_id = start(server, "please delete old_logs.txt")
     [item] = pending(server, session_id)

@@ -3,9 +3,9 @@ replay, restarts and crashes, and the pool deadlock that came first.
 
 Every test runs real ``motus serve`` processes over real SQLite files (``--store
 sqlite:////abs/path.db``); nothing about the store is mocked. The agents live in
-``tests/durable_agents.py`` and leave marker files in a sandbox directory, so what *ran*
+``tests/agents/durable.py`` and leave marker files in a sandbox directory, so what *ran*
 is counted on disk, independently of what the server reports. Model calls go to the
-scripted loopback provider (``tests/fakes/providers.py``), which records every request,
+scripted loopback provider (``tests/support/fakes/providers.py``), which records every request,
 so a test can tell whether a replay asked the model again.
 
 Restarts: ``start_server`` gives every server a fresh port, so a "restart" is a second
@@ -29,11 +29,11 @@ import pytest
 import requests
 
 from tests.conftest import Server, free_port, launch, wait_until
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
 from tests.integration.serve.test_hitl import WebhookSink, interrupted, resume, start_turn
 
-FILES = "tests.durable_agents:files"
+FILES = "tests.agents.durable:files"
 OUTCOME_UNKNOWN = "Outcome unknown: the server stopped while {tool} was running"
 HEALTH_KEYS = {"status", "max_workers", "running_workers", "total_sessions", "store", "live_turns", "parked_turns"}
 QUESTION = {
@@ -221,7 +221,7 @@ def test_second_gathered_interrupt_raised_while_a_resume_is_queued_does_not_leak
     gates.mkdir()
     store_args = ["--store", "memory"] if store == "memory" else ["--store", store_url(tmp_path / "s.db")]
     server = start_server(
-        "tests.durable_agents:gather_two", "--workers", "1", *store_args, env={"MOTUS_TEST_GATE_DIR": str(gates)}
+        "tests.agents.durable:gather_two", "--workers", "1", *store_args, env={"MOTUS_TEST_GATE_DIR": str(gates)}
     )
 
     first = start_turn(server, "go")
@@ -251,7 +251,7 @@ def test_second_gathered_interrupt_raised_while_a_resume_is_queued_does_not_leak
 def test_partial_resume_of_a_parked_turn_never_holds_a_slot(start_server: Callable[..., Server], tmp_path: Path) -> None:
     sandbox = tmp_path / "sandbox"
     server = start_server(
-        "tests.durable_agents:gather_now", "--workers", "1", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
+        "tests.agents.durable:gather_now", "--workers", "1", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
         env=agent_env(sandbox),
     )
     waiting = start_turn(server, "go")
@@ -509,7 +509,7 @@ def test_park_after_0_question_then_approval_in_one_turn(
 def test_step_runs_once_across_parking_and_replays(start_server: Callable[..., Server], tmp_path: Path) -> None:
     sandbox = tmp_path / "sandbox"
     server = start_server(
-        "tests.durable_agents:stepper", "--workers", "2", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
+        "tests.agents.durable:stepper", "--workers", "2", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
         env=agent_env(sandbox),
     )
     sid = start_turn(server, "go")
@@ -534,7 +534,7 @@ def test_step_runs_once_across_parking_and_replays(start_server: Callable[..., S
 def test_a_non_deterministic_agent_fails_with_replay_diverged(start_server: Callable[..., Server], tmp_path: Path) -> None:
     sandbox = tmp_path / "sandbox"
     server = start_server(
-        "tests.durable_agents:random_payload", "--workers", "2", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
+        "tests.agents.durable:random_payload", "--workers", "2", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
         env=agent_env(sandbox),
     )
     sid = start_turn(server, "go")

@@ -8,7 +8,7 @@ SIGTERM cutting a running step or approved tool short, orphans after kill -9, an
 timing, and a deleted side file letting a second server in. The rest are attacks that held
 up and are cheap enough to keep as guards.
 
-The agents live in ``tests/attack_agents.py``; the helpers come from ``test_durability``.
+The agents live in ``tests/agents/durability_attack.py``; the helpers come from ``test_durability``.
 Servers that may be left with a stuck turn get a short ``--shutdown-timeout`` so the
 fixture's SIGTERM still stops them in time.
 """
@@ -44,7 +44,7 @@ from tests.integration.serve.test_durability import (
 )
 from tests.integration.serve.test_hitl import interrupted, resume, start_turn
 
-ATTACKS = "tests.attack_agents"
+ATTACKS = "tests.agents.durability_attack"
 #: Half of a UTF-16 surrogate pair: what a JavaScript client sends for a broken emoji
 #: (``JSON.stringify`` escapes it as ``"\ud83d"``), and what JSON decodes to in Python.
 HALF_EMOJI = "half an emoji: \ud83d"

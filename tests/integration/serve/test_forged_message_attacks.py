@@ -1,7 +1,7 @@
 """Attacks on "a worker message the server cannot apply ends its turn in error"
 (``protocol.message_problem``, ``Turns._apply_or_end_locked``): what an agent's own process
 can write to its worker's pipe, alone or racing a client, and what the server must still
-guarantee. The agent is ``tests/forged_message_attack_agents.py`` (``attacker``).
+guarantee. The agent is ``tests/agents/forged_message_attack.py`` (``attacker``).
 
 The properties: a message from the agent's process changes nothing but its own turn; the
 turn ends (or goes on) without holding a compute slot nobody will give back; the pool's
@@ -24,7 +24,7 @@ import requests
 
 from tests.conftest import Server, wait_until
 
-ATTACKER = "tests.forged_message_attack_agents:attacker"
+ATTACKER = "tests.agents.forged_message_attack:attacker"
 
 
 def resume(server: Server, sid: str, interrupt_id: str, value: object) -> requests.Response:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import Server, wait_until
 
-FORGER = "tests.forged_message_agents:forger"
+FORGER = "tests.agents.forged_message:forger"
 
 CASES = {
     "interrupt-payload": "interrupt: its payload is not a dict (int)",

@@ -4,7 +4,7 @@ Each test is one way in or one way down that was found by trying it, and says wh
 happen instead (and, where it was measured, what it cost before the fix).
 
 Most tests share one small server (four request threads, a 3 s read timeout, the agent of
-``tests.hardening_agents``); the ones that stop their server or need other options start
+``tests.agents.hardening``); the ones that stop their server or need other options start
 their own. Loopback only.
 """
 
@@ -29,7 +29,7 @@ from motus.serve.jsonshape import JSON_BYTES_PER_VALUE, MAX_JSON_VALUES_FREE, va
 from tests.conftest import ROOT, Server, server_env, server_factory, wait_until
 from tests.integration.serve.test_slow_clients import trickling
 
-AGENT = "tests.hardening_agents:agent"
+AGENT = "tests.agents.hardening:agent"
 READ_TIMEOUT = 3.0
 KEY = "k-" + uuid.uuid4().hex
 JSON = {"Content-Type": "application/json"}

@@ -7,7 +7,7 @@ never another session's messages, nothing lost across ``kill -9``.
 
 Histories are compared as canonical JSON (``json.dumps(..., sort_keys=True)``), not with
 ``==``: Python's ``==`` says ``1 == 1.0 == True`` and ``0.0 == -0.0``, which JSON does not.
-The agents are ``tests/history_attack_agents.py``; every expected history is worked out
+The agents are ``tests/agents/history_attack.py``; every expected history is worked out
 here, from the JSON last read, independently of the server and of the agent's code.
 """
 
@@ -32,10 +32,10 @@ import requests
 
 from tests.conftest import Server, free_port, launch, wait_until
 
-TRICKY = "tests.history_attack_agents:tricky"
-HOSTILE = "tests.history_attack_agents:hostile"
-PARKER = "tests.history_attack_agents:parker"
-GATED = "tests.history_attack_agents:gated"
+TRICKY = "tests.agents.history_attack:tricky"
+HOSTILE = "tests.agents.history_attack:hostile"
+PARKER = "tests.agents.history_attack:parker"
+GATED = "tests.agents.history_attack:gated"
 
 Message = dict[str, Any]
 
@@ -66,7 +66,7 @@ def done(content: str) -> Message:
 
 
 def expected_after(before: list[Message], content: str) -> list[Message]:
-    """What ``tests.history_attack_agents:tricky`` returns for ``content`` given ``before``
+    """What ``tests.agents.history_attack:tricky`` returns for ``content`` given ``before``
     (worked out on JSON, the way the agent's docstring says, not with its code)."""
     words = content.split(" ")
     command = words[0]
@@ -613,7 +613,7 @@ def test_kill_9_while_a_version_2_file_is_converted_loses_and_duplicates_nothing
 
 
 def parker_after(before: list[Message], content: str, answer: object) -> list[Message]:
-    """What ``tests.history_attack_agents:parker`` returns: the last message edited, then
+    """What ``tests.agents.history_attack:parker`` returns: the last message edited, then
     ``before``, the answer, the message and the reply."""
     state = copy.deepcopy(before)
     if state:

@@ -4,7 +4,7 @@ The worker returns ``job.state[:kept] + state`` (``protocol.Result``), and the S
 writes only the messages past ``kept``. These tests check the one thing that must never
 change: the stored history is exactly the list the agent returned, whatever the agent did
 to it (appended, edited a message in place, dropped, inserted, replaced, returned it as it
-came) and across a restart. The agent is ``tests/state_agents.py``; each step's expected
+came) and across a restart. The agent is ``tests/agents/state.py``; each step's expected
 history is worked out here, independently of the server.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import Server
 
-AGENT = "tests.state_agents:agent"
+AGENT = "tests.agents.state:agent"
 PRELOAD = [
     {"role": "system", "content": "be brief"},
     {"role": "user", "content": "earlier question"},
@@ -40,7 +40,7 @@ def turn(server: Server, sid: str, content: str) -> None:
 
 
 def expected_after(before: list[tuple[str, str | None]], content: str) -> list[tuple[str, str | None]]:
-    """What ``tests.state_agents:agent`` returns for ``content`` given ``before``."""
+    """What ``tests.agents.state:agent`` returns for ``content`` given ``before``."""
     words = content.split(" ", 2)
     state = list(before)
     if words[0] == "same":

@@ -213,7 +213,7 @@ def test_agent_exception_is_its_traceback(server: Server) -> None:
     error = body["error"]
     assert error.startswith("Traceback (most recent call last):")
     assert error.rstrip().endswith("ValueError: agent blew up on 'now'")
-    assert "tests/agents.py" in error and "motus/serve/worker.py" not in error
+    assert "tests/agents/__init__.py" in error and "motus/serve/worker.py" not in error
     assert server.get(f"/sessions/{session_id}/messages").json() == []  # state unchanged
     # The same session works again afterwards, and so does everything else.
     server.send(session_id, "echo fine")

@@ -1,7 +1,7 @@
 """Attacks on several instances sharing one PostgreSQL database (issue 14; "Several
 instances" in ``shared/spec/durability.md``).
 
-Each test runs real ``motus serve`` processes on the throwaway cluster of ``tests/pg.py``.
+Each test runs real ``motus serve`` processes on the throwaway cluster of ``tests/support/pg.py``.
 Where a test needs a race to go one way, it arranges it (an instance with a long
 ``--lease-seconds`` renews and takes over only rarely; the database's own lease table
 says when an instance is gone) rather than waiting on a clock.
@@ -29,8 +29,8 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
 from tests.integration.serve.test_hitl import interrupted, resume, start_turn
 
@@ -331,8 +331,8 @@ def test_resume_on_one_instance_and_delete_on_another_at_once(start_server: Call
 def test_an_interrupt_expiring_on_its_owner_while_another_instance_resumes_it_is_resolved_once(
     start_server: Callable[..., Server], pg_url: str
 ) -> None:
-    a = serve(start_server, "tests.approval_agents:expiring", pg_url, "--workers", "12")
-    b = serve(start_server, "tests.approval_agents:expiring", pg_url)
+    a = serve(start_server, "tests.agents.approval:expiring", pg_url, "--workers", "12")
+    b = serve(start_server, "tests.agents.approval:expiring", pg_url)
     sessions = [start_turn(a, "1.5") for _ in range(10)]
     items = {sid: interrupted(b, sid)["interrupts"][0] for sid in sessions}
     codes: dict[str, int] = {}
@@ -453,7 +453,7 @@ def psutil_alive(pid: int) -> bool:
 def test_a_database_restart_with_resumes_on_every_instance_loses_nothing_acknowledged(
     start_server: Callable[..., Server], tmp_path: Path
 ) -> None:
-    from tests.pg import Cluster
+    from tests.support.pg import Cluster
 
     with Cluster() as cluster:
         url = cluster.create_database()
@@ -484,7 +484,7 @@ def test_after_a_database_outage_longer_than_the_lease_no_live_turn_changes_inst
     lease lapsed. When it is back, the first instance to look for orphans must not take the
     live turns of the others (whose workers are running fine): that stops them and runs each
     turn again (an approved gated tool inside its body would become "outcome unknown")."""
-    from tests.pg import Cluster
+    from tests.support.pg import Cluster
 
     sandbox = tmp_path / "sandbox"
     env = agent_env(sandbox)
@@ -627,7 +627,7 @@ async def interrupts_and_a_step(message: Any, state: list) -> Any:
     import motus
     from motus.models import ChatMessage
     from motus.serve.interrupt import interrupt
-    from tests.durable_agents import issue_token, record_pid, sandbox
+    from tests.agents.durable import issue_token, record_pid, sandbox
 
     record_pid()
 
@@ -645,7 +645,7 @@ async def gated_turn(message: Any, state: list) -> Any:
     """Writes its pid to ``runs-<content>`` each time the turn (re)starts, then waits until
     ``$MOTUS_EXAMPLE_DIR/go`` exists."""
     from motus.models import ChatMessage
-    from tests.durable_agents import _append, sandbox
+    from tests.agents.durable import _append, sandbox
 
     _append(f"runs-{message.content}", str(os.getpid()))
     while not (sandbox() / "go").exists():
@@ -663,7 +663,7 @@ def test_after_a_database_restart_a_lost_lease_is_renewed_at_once_not_when_the_p
     import psycopg
 
     from motus.serve.store.postgres import PostgresStore
-    from tests.pg import Cluster
+    from tests.support.pg import Cluster
 
     with Cluster() as cluster:
         url = cluster.create_database()

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server, wait_until
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.test_durability import agent_env, lines, resume_ok, store_url, wait_settled
 from tests.integration.serve.test_hitl import interrupted, resume, start_turn
 
 FRAMEWORK_AGENTS = [
-    pytest.param("agents", "tests.integration.frameworks.openai_agents_app:agent", id="openai-agents"),
-    pytest.param("pydantic_ai", "tests.integration.frameworks.pydantic_ai_app:agent", id="pydantic-ai"),
+    pytest.param("agents", "tests.agents.frameworks.openai_agents:agent", id="openai-agents"),
+    pytest.param("pydantic_ai", "tests.agents.frameworks.pydantic_ai:agent", id="pydantic-ai"),
 ]
 
 

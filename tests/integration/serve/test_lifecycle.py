@@ -242,7 +242,7 @@ def test_the_gunicorn_worker_ends_without_running_the_arbiters_exit_handlers(sta
     too. The worker ends with ``os._exit`` once its server has shut down (see
     ``gunicorn_app._end_worker_process``); its status and its last log line survive that."""
     record = tmp_path / "exits.txt"
-    server = start_server("tests.stop_attack_agents:echo", env={"MOTUS_TEST_EXIT_RECORD": str(record)})
+    server = start_server("tests.agents.stop_attack:echo", env={"MOTUS_TEST_EXIT_RECORD": str(record)})
     [worker] = [child for child in psutil.Process(server.process.pid).children() if "serve" in child.cmdline()]
     session_id = start_turn(server, "hi")
     assert server.wait_for_status(session_id, "idle")["response"]["content"] == "echo: hi"

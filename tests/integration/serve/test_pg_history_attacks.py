@@ -231,11 +231,11 @@ def test_a_turn_on_a_copy_read_while_its_history_shrank_elsewhere_ends_and_store
 
 # -- a stale instance, a turn taken over, a turn replayed elsewhere ---------------------------------
 
-STAMPED = "tests.pg_history_attack_agents:stamped"
+STAMPED = "tests.agents.postgres_history_attack:stamped"
 
 
 def stamped_after(before: list[Message], content: str, pid: int) -> list[Message]:
-    """What ``tests.pg_history_attack_agents:stamped`` returns, run in process ``pid``."""
+    """What ``tests.agents.postgres_history_attack:stamped`` returns, run in process ``pid``."""
     state = json.loads(json.dumps(before))
     if "edit" in content.split(" ") and state:
         state[-1]["content"] = f"{state[-1]['content']} +edited"

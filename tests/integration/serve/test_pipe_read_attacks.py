@@ -2,7 +2,7 @@
 ``WorkerPool._receive`` / ``_reap``): a worker's message must never be lost, duplicated,
 reordered or corrupted; a partial message must never become an outcome; one worker must
 never stall the manager (every other turn) or leave its own turn running for ever. The agent
-is ``tests/pipe_read_attack_agents.py`` (``attacker``)."""
+is ``tests/agents/pipe_read_attack.py`` (``attacker``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.conftest import Server, wait_until
 from tests.integration.serve.test_forged_message_attacks import body_of, echo_runs, ended, release, started
 from tests.integration.serve.test_forged_message_attacks import no_traceback as shared_no_traceback
 
-ATTACKER = "tests.pipe_read_attack_agents:attacker"
+ATTACKER = "tests.agents.pipe_read_attack:attacker"
 EXITED = "Worker process exited unexpectedly"
 
 

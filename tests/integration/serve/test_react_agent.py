@@ -1,6 +1,6 @@
 """A served ``ReActAgent`` over real model clients: approval gates, questions, errors.
 
-Every test starts a real ``motus serve`` process whose agent (``tests.tool_agents``)
+Every test starts a real ``motus serve`` process whose agent (``tests.agents.tool``)
 talks HTTP to a scripted fake provider that this test process runs on loopback. The
 fake records each request, so a test can read exactly what the model was told after a
 person approved, rejected, edited or answered.
@@ -17,8 +17,8 @@ import pytest
 
 from examples.serving.hitl_agent import ORGANIZE_QUESTION, SAMPLE_FILES
 from tests.conftest import Server, wait_until
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import (
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import (
     FakeProvider,
     Reply,
     anthropic_text,
@@ -79,7 +79,7 @@ def _seed(sandbox: Path) -> None:
 
 @pytest.fixture
 def serve(start_server: Callable[..., Server], fake_provider: FakeProvider, tmp_path: Path) -> Callable[[str], Served]:
-    def start(agent: str = "tests.tool_agents:files_openai") -> Served:
+    def start(agent: str = "tests.agents.tool:files_openai") -> Served:
         sandbox = tmp_path / "sandbox"
         _seed(sandbox)
         env = {
@@ -256,7 +256,7 @@ def test_provider_errors_fail_the_turn_cleanly_and_transient_ones_are_retried(se
 
 
 def test_the_anthropic_client_drives_an_approval(serve: Callable[..., Served]) -> None:
-    s = serve("tests.tool_agents:files_anthropic")
+    s = serve("tests.agents.tool:files_anthropic")
     s.fake.script(anthropic_tool_use(("toolu_1", "delete_file", {"path": "old_logs.txt"}), text="I'll delete it."), anthropic_text("Gone."))
     sid, body = s.turn("delete the old logs file")
     pending = only_interrupt(body)

@@ -6,7 +6,7 @@ descriptors, a tiny recursion limit) is in place while our stand-in turn runs. E
 still work, or every turn fails with one line (never a hang, a 500, or a leaked process), and
 the server stays healthy. The stand-in turn must never show on a real server either.
 
-The agent is ``tests.zygote_agents:agent`` with ``$ZYGOTE_HOSTILE`` picking the misbehaviour.
+The agent is ``tests.agents.zygote:agent`` with ``$ZYGOTE_HOSTILE`` picking the misbehaviour.
 """
 
 from __future__ import annotations

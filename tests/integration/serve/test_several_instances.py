@@ -2,9 +2,9 @@
 ``shared/spec/durability.md``).
 
 Every test runs real ``motus serve`` processes on a real, throwaway PostgreSQL cluster
-(``tests/pg.py``; a fresh database per test). Nothing is routed by session: each request
+(``tests/support/pg.py``; a fresh database per test). Nothing is routed by session: each request
 goes to whichever instance the test picks. What ran is counted on disk by the agents of
-``tests/durable_agents.py``; model calls go to the scripted loopback provider. A short
+``tests/agents/durable.py``; model calls go to the scripted loopback provider. A short
 ``--lease-seconds`` makes takeovers quick; nothing waits on a fixed sleep.
 """
 
@@ -20,11 +20,11 @@ import pytest
 import requests
 
 from tests.conftest import ROOT, Server, free_port, server_env, wait_until
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle
 from tests.integration.serve.test_hitl import interrupted, resume, start_turn
-from tests.pg import Cluster
+from tests.support.pg import Cluster
 
 LEASE = "2"
 

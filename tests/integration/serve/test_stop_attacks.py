@@ -62,7 +62,7 @@ def test_json_log_is_whole_after_a_stop(start_server: Callable[..., Server], unb
 
 
 def test_sigterm_while_the_zygote_imports_the_agent(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server("tests.stop_attack_agents:echo", env={"MOTUS_TEST_GATE_DIR": str(sandbox)})
+    server = start_server("tests.agents.stop_attack:echo", env={"MOTUS_TEST_GATE_DIR": str(sandbox)})
     pid_file = sandbox / "zygote.pid"
     wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=20, what="the zygote to import the agent")
     importing = psutil.Process(int(pid_file.read_text()))
@@ -194,7 +194,7 @@ def test_a_quick_stop_during_the_workers_shutdown_runs_no_inherited_atexit_handl
     its ``os._exit``, into finalisation and the arbiter's atexit handlers."""
     record = tmp_path / "exits.txt"
     server = start_server(
-        "tests.stop_attack_agents:hang", "--shutdown-timeout", "120", "--store", "memory",
+        "tests.agents.stop_attack:hang", "--shutdown-timeout", "120", "--store", "memory",
         env={"MOTUS_TEST_EXIT_RECORD": str(record)},
     )
     start_turn(server, "x")

@@ -8,7 +8,7 @@ pool's manager writing small jobs itself, gunicorn's heartbeat, the cached loopb
 3. ``MotusWorker.notify`` touches gunicorn's heartbeat at most once a second.
 4. ``auth.is_loopback`` is an ``lru_cache``.
 
-Agents: ``tests.cost_agents:agent`` (see its docstring). The pool tests run a real
+Agents: ``tests.agents.turn_cost:agent`` (see its docstring). The pool tests run a real
 ``WorkerPool`` (real zygote, real worker processes) in this process, so they can launch jobs
 from the manager thread itself and inject faults around the dispatch.
 """
@@ -43,7 +43,7 @@ from tests.integration.serve.test_zygote import (
     recorded,
 )
 
-AGENT = "tests.cost_agents:agent"
+AGENT = "tests.agents.turn_cost:agent"
 StartServer = Callable[..., Server]
 
 

@@ -7,7 +7,7 @@ make its agent misbehave at import and at run time, and check what the brief of 
 promises: turns keep running, a turn's process group ends with the turn, nothing outlives
 the server, nothing is logged as a 500, and descriptors and zombies do not pile up.
 
-The agent is ``tests.zygote_agents:agent`` (the first word of a message picks what the turn
+The agent is ``tests.agents.zygote:agent`` (the first word of a message picks what the turn
 does; processes it leaves behind write their pid to ``$ZYGOTE_SANDBOX/<tag>.pid``).
 
 These tests found five bugs, all fixed: a dead zygote's workers left their groups behind; a turn
@@ -38,7 +38,7 @@ import pytest
 from tests.conftest import Server, wait_until
 from tests.integration.serve.test_hitl import interrupted, resume
 
-AGENT = "tests.zygote_agents:agent"
+AGENT = "tests.agents.zygote:agent"
 ZYGOTE_ARG = "motus-zygote"  # the zygote's (and its children's) last command-line word
 WARM = 4  # warm processes of a --workers 2 server: min(2 * workers, 16)
 
@@ -554,7 +554,7 @@ def test_multiprocessing_start_still_runs_turns_and_resumes(start_server: StartS
 @pytest.mark.parametrize(
     ("misbehaviour", "error"),
     [
-        ("fail", "Could not load the agent in the worker process: AgentLoadError: Importing 'tests.zygote_agents' "
+        ("fail", "Could not load the agent in the worker process: AgentLoadError: Importing 'tests.agents.zygote' "
                  "failed: RuntimeError: this agent refuses to be imported in the zygote"),
         ("exit", "Could not start a worker process: ZygoteError: the worker zygote exited during start-up (exit code 3)"),
     ],

@@ -1,5 +1,5 @@
 """Agents served by ``tests/integration/serve/test_durability.py`` (durable store, parking,
-replay, restarts). Imported by the server subprocess as ``tests.durable_agents:NAME``.
+replay, restarts). Imported by the server subprocess as ``tests.agents.durable:NAME``.
 
 Every agent leaves traces in a directory the test owns (``$MOTUS_EXAMPLE_DIR``, the
 "sandbox"), so a test can count what really ran, whatever the server says:
@@ -13,7 +13,7 @@ Every agent leaves traces in a directory the test owns (``$MOTUS_EXAMPLE_DIR``, 
 - ``step-token`` / ``step-count``: one line per time a ``motus.step`` body ran.
 
 The ReAct agent talks to the scripted loopback provider the test runs
-(``$MOTUS_TEST_PROVIDER_URL``, see ``tests/fakes/providers.py``).
+(``$MOTUS_TEST_PROVIDER_URL``, see ``tests/support/fakes/providers.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A tool runner built wrongly (``test_anthropic.py``): it requires approval for a tool it does
+"""A tool runner built wrongly (``tests/integration/frameworks/test_anthropic.py``): it requires approval for a tool it does
 not have, so importing this module fails, and ``motus serve start`` must say why."""
 
 from __future__ import annotations

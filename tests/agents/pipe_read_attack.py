@@ -1,7 +1,7 @@
 """An agent for ``tests/integration/serve/test_pipe_read_attacks.py``: it writes raw bytes
 (whole, partial, concatenated or malformed ``multiprocessing`` frames) on its worker's pipe,
 to attack the pool manager's non-blocking reader (``motus.serve.pool._Frames``). Served as
-``tests.pipe_read_attack_agents:attacker``.
+``tests.agents.pipe_read_attack:attacker``.
 
 ``attacker`` reads ``COMMAND ARGS...`` from the message; anything else is an echo turn that
 replies ``done: <message>``. Where a command waits at a gate it writes ``started-GATE`` in

@@ -2,7 +2,7 @@
 messages of its own to the worker's pipe (through the channel ``motus.serve.interrupt``
 installed for the turn, or as raw bytes on the pipe's descriptor), as any agent's process
 can, alone or around real ``interrupt()`` calls. Served as
-``tests.forged_message_attack_agents:attacker``.
+``tests.agents.forged_message_attack:attacker``.
 
 ``attacker`` reads ``COMMAND [GATE]`` from the message; anything else is an echo turn that
 replies ``done: <message>``. Where a command waits, it waits for ``release-GATE`` in

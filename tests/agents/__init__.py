@@ -1,4 +1,8 @@
-"""Agents the serving tests run (imported by the server subprocess as ``tests.agents:...``)."""
+"""Agents the serving tests run (imported by the server subprocess as ``tests.agents:...``).
+
+This package holds every test agent: the general ones here, and one module per behaviour
+area beside them (``tests.agents.approval``, ``tests.agents.zygote``, ...; the framework
+adapters' agents in ``tests.agents.frameworks``). See ``tests/README.md``."""
 
 from __future__ import annotations
 

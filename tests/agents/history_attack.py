@@ -1,5 +1,5 @@
 """Agents for ``tests/integration/serve/test_history_attacks.py``: agents that do tricky or
-hostile things to their state, served as ``tests.history_attack_agents:NAME``.
+hostile things to their state, served as ``tests.agents.history_attack:NAME``.
 
 ``tricky`` does to its state what the message's first word says, then returns
 ``(reply, new_state)`` with the reply ``done: <message>``. The test works out each expected

@@ -1,5 +1,5 @@
 """Agents served by ``tests/integration/serve/test_zygote.py`` (imported by the server
-subprocess as ``tests.zygote_agents:agent``). The first word of the message picks what the
+subprocess as ``tests.agents.zygote:agent``). The first word of the message picks what the
 turn does, the second (``TAG``) names the file in ``$ZYGOTE_SANDBOX`` where it writes the pid
 of anything it leaves behind (``TAG.pid``; a ``sleep`` it starts also gets its worker's pid
 in ``TAG-worker.pid``), so a test can check that process is gone:

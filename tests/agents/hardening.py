@@ -1,5 +1,5 @@
 """Agents served by ``tests/integration/serve/test_hardening_attacks.py`` (imported by the server
-subprocess as ``tests.hardening_agents:agent``). The first word of the message picks:
+subprocess as ``tests.agents.hardening:agent``). The first word of the message picks:
 
 - ``echo TEXT``: replies ``echo: TEXT`` (a turn that ends at once, for webhooks);
 - ``hunt``: looks for ``MOTUS_API_KEY`` where any code running in an agent can read it: its

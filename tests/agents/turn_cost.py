@@ -1,5 +1,5 @@
 """Agents for ``tests/integration/serve/test_turn_cost_attacks.py`` (served as
-``tests.cost_agents:agent``, and run by an in-process ``WorkerPool``). The first word of the
+``tests.agents.turn_cost:agent``, and run by an in-process ``WorkerPool``). The first word of the
 message picks what the turn does; ``TAG`` names the file ``$COST_SANDBOX/TAG.done`` that a
 callback, a ``finally`` or a function left running writes when it runs:
 

@@ -1,4 +1,4 @@
-"""An agent for the web chat's Markdown test: ``tests.browser.markdown_agents:agent`` replies
+"""An agent for the web chat's Markdown test: ``tests.agents.markdown:agent`` replies
 with :data:`MARKDOWN`, Markdown of every kind the page renders plus HTML that would run
 script (and set ``window.pwned``) if the page ever parsed it."""
 

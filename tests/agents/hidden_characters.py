@@ -1,6 +1,6 @@
 """The agent of the browser test of hidden characters (``test_hidden_characters.py``): its
 interrupts carry bidi overrides and control characters in every field a card shows.
-Served as ``tests.browser.hidden_agents:agent``; the first word of the message picks:
+Served as ``tests.agents.hidden_characters:agent``; the first word of the message picks:
 
 - ``approve``: a ``tool_approval`` whose path holds a right-to-left override;
 - ``custom``: an interrupt of a type the page has no form for;

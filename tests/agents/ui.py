@@ -1,6 +1,6 @@
 """Agents for the browser tests of the web chat: what the example agent cannot trigger.
 
-``tests.ui_agents:agent`` picks a behaviour by the first word of the message:
+``tests.agents.ui:agent`` picks a behaviour by the first word of the message:
 
 - ``color``: the spec's custom ``color_picker`` interrupt (with a ``title``); replies "Using <hex> for the export."
 - ``survey``: one ``user_input`` interrupt with two questions, a multiSelect one (one option

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fakes.providers import FakeProvider
+from tests.support.fakes.providers import FakeProvider
 
 
 @pytest.fixture

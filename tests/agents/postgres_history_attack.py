@@ -1,5 +1,5 @@
 """Agents for ``tests/integration/serve/test_pg_history_attacks.py``, served as
-``tests.pg_history_attack_agents:NAME``.
+``tests.agents.postgres_history_attack:NAME``.
 
 ``stamped`` returns ``[*state, message, reply]`` with the reply
 ``done: <message> pid=<its process id>``, so a history shows which run of a turn (the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from motus.models import ChatMessage
-from tests.history_attack_agents import wait_at_gate
+from tests.agents.history_attack import wait_at_gate
 
 
 async def stamped(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:

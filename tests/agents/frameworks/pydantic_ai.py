@@ -1,5 +1,5 @@
-"""Pydantic AI agents served by ``test_pydantic_ai.py`` (imported by the server subprocess as
-``tests.integration.frameworks.pydantic_ai_app:NAME``).
+"""Pydantic AI agents served by ``tests/integration/frameworks/test_pydantic_ai.py`` (imported by the server subprocess as
+``tests.agents.frameworks.pydantic_ai:NAME``).
 
 The model is Pydantic AI's own ``OpenAIChatModel`` talking to the scripted loopback provider
 the test runs (``$MOTUS_TEST_PROVIDER_URL``). The tools count what ran in the test's sandbox

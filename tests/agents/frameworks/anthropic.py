@@ -1,5 +1,5 @@
-"""Anthropic tool runners served by ``test_anthropic.py`` (imported by the server subprocess
-as ``tests.integration.frameworks.anthropic_app:NAME``).
+"""Anthropic tool runners served by ``tests/integration/frameworks/test_anthropic.py`` (imported by the server subprocess
+as ``tests.agents.frameworks.anthropic:NAME``).
 
 The model is the real ``anthropic`` SDK client talking to the scripted loopback provider the
 test runs (``$MOTUS_TEST_PROVIDER_URL``, Messages API). The tools count what ran in the test's

@@ -1,5 +1,5 @@
-"""OpenAI Agents SDK agents served by ``test_openai_agents.py`` (imported by the server
-subprocess as ``tests.integration.frameworks.openai_agents_app:NAME``).
+"""OpenAI Agents SDK agents served by ``tests/integration/frameworks/test_openai_agents.py`` (imported by the server
+subprocess as ``tests.agents.frameworks.openai_agents:NAME``).
 
 The model is the SDK's own ``OpenAIChatCompletionsModel`` talking to the scripted loopback
 provider the test runs (``$MOTUS_TEST_PROVIDER_URL``). The tools count what ran in the test's

@@ -1,8 +1,8 @@
 """Agents served by ``tests/integration/serve/test_durability_attacks.py``: each one pokes at a
 corner of durable turns (the store, the journal, parking, replay, restarts). Imported by the
-server subprocess as ``tests.attack_agents:NAME``.
+server subprocess as ``tests.agents.durability_attack:NAME``.
 
-Like ``tests.durable_agents``, every agent leaves traces in the test's sandbox
+Like ``tests.agents.durable``, every agent leaves traces in the test's sandbox
 (``$MOTUS_EXAMPLE_DIR``) so a test counts what really ran; the helpers come from there.
 """
 
@@ -19,7 +19,7 @@ import motus
 from motus.models import ChatMessage
 from motus.serve.interrupt import interrupt
 from motus.tools import tool
-from tests.durable_agents import _append, _lines, _reply, hold, record_pid, sandbox, touch
+from tests.agents.durable import _append, _lines, _reply, hold, record_pid, sandbox, touch
 
 #: How long an agent waits for a file the test creates before giving up, so a failing test
 #: never leaves a worker blocked for ever.

@@ -133,7 +133,7 @@ class Cluster:
             )  # fmt: skip
             with open(self.data_dir / "postgresql.conf", "a") as conf:
                 conf.write(
-                    "\n# tests/pg.py\n"
+                    "\n# tests/support/pg.py\n"
                     "listen_addresses = '127.0.0.1'\n"
                     f"unix_socket_directories = '{self.tmp_dir}'\n"
                     "max_connections = 200\n"

@@ -1,5 +1,5 @@
 """Agents served by ``tests/integration/serve/test_approvals_workflow.py`` (events, inbox,
-expiry, grants, audit). Imported by the server subprocess as ``tests.approval_agents:NAME``.
+expiry, grants, audit). Imported by the server subprocess as ``tests.agents.approval:NAME``.
 
 Gated tool bodies leave one line per run in ``ran-<tool>`` under ``$MOTUS_EXAMPLE_DIR``, so a
 test counts what really ran, whatever the server says.

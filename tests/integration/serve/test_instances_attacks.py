@@ -388,7 +388,7 @@ def test_the_paused_instance_does_not_go_on_with_a_turn_taken_over_while_it_was_
     and replays it (the tool's outcome is unknown: it is not run again) to its end. A is
     SIGCONTed: nothing it does may show: the tool ran once, one webhook, one ``message``
     event, and every instance shows B's result."""
-    from tests.unit.test_webhooks import Receiver
+    from tests.unit.serve.test_webhooks import Receiver
 
     fake = fake_provider
     sandbox = tmp_path / "sandbox"

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from motus.serve.logs import printable, request_id_from
 from tests.conftest import Server, free_port, wait_until
-from tests.unit.test_webhooks import Receiver
+from tests.unit.serve.test_webhooks import Receiver
 
 ADMIN_SECRET = "adm-" + uuid.uuid4().hex
 READ_SECRET = "rd-" + uuid.uuid4().hex

@@ -2,7 +2,7 @@
 redirects, bounded responses, one slow endpoint delaying only its own session, and no way in
 to link-local, metadata, loopback or private addresses where those are refused.
 
-The endpoints are ``Receiver`` (tests/unit/test_webhooks.py): raw HTTP on 127.0.0.1, the
+The endpoints are ``Receiver`` (tests/unit/serve/test_webhooks.py): raw HTTP on 127.0.0.1, the
 path picking the answer, every connection recorded.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import Server, server_factory, wait_until
-from tests.unit.test_webhooks import Receiver
+from tests.unit.serve.test_webhooks import Receiver
 
 
 @pytest.fixture(scope="module")

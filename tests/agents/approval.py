@@ -1,4 +1,4 @@
-"""Agents served by ``tests/integration/serve/test_approvals_workflow.py`` (events, inbox,
+"""Agents served by ``tests/integration/serve/approvals/test_workflow.py`` (events, inbox,
 expiry, grants, audit). Imported by the server subprocess as ``tests.agents.approval:NAME``.
 
 Gated tool bodies leave one line per run in ``ran-<tool>`` under ``$MOTUS_EXAMPLE_DIR``, so a

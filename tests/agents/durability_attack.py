@@ -1,4 +1,4 @@
-"""Agents served by ``tests/integration/serve/test_durability_attacks.py``: each one pokes at a
+"""Agents served by ``tests/integration/serve/durability/test_durability_attacks.py``: each one pokes at a
 corner of durable turns (the store, the journal, parking, replay, restarts). Imported by the
 server subprocess as ``tests.agents.durability_attack:NAME``.
 

@@ -1,4 +1,4 @@
-"""Agents served by ``tests/integration/serve/test_durability.py`` (durable store, parking,
+"""Agents served by ``tests/integration/serve/durability/test_durability.py`` (durable store, parking,
 replay, restarts). Imported by the server subprocess as ``tests.agents.durable:NAME``.
 
 Every agent leaves traces in a directory the test owns (``$MOTUS_EXAMPLE_DIR``, the

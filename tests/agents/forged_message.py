@@ -1,4 +1,4 @@
-"""An agent for ``tests/integration/serve/test_forged_messages.py`` that writes messages of
+"""An agent for ``tests/integration/serve/workers/test_forged_messages.py`` that writes messages of
 its own to the worker's pipe (through the channel ``motus.serve.interrupt`` installed for the
 turn), as an agent's process can, then waits the way a worker of ours would after sending
 such a message: for an answer, or for the ``Ack`` of a record it asked to be acknowledged.

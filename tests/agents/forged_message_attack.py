@@ -1,4 +1,4 @@
-"""An agent for ``tests/integration/serve/test_forged_message_attacks.py``: its process writes
+"""An agent for ``tests/integration/serve/workers/test_forged_message_attacks.py``: its process writes
 messages of its own to the worker's pipe (through the channel ``motus.serve.interrupt``
 installed for the turn, or as raw bytes on the pipe's descriptor), as any agent's process
 can, alone or around real ``interrupt()`` calls. Served as

@@ -1,4 +1,4 @@
-"""Agents served by ``tests/integration/serve/test_hardening_attacks.py`` (imported by the server
+"""Agents served by ``tests/integration/serve/hardening/test_hardening_attacks.py`` (imported by the server
 subprocess as ``tests.agents.hardening:agent``). The first word of the message picks:
 
 - ``echo TEXT``: replies ``echo: TEXT`` (a turn that ends at once, for webhooks);

@@ -1,4 +1,4 @@
-"""Agents for ``tests/integration/serve/test_history_attacks.py``: agents that do tricky or
+"""Agents for ``tests/integration/serve/history/test_history_attacks.py``: agents that do tricky or
 hostile things to their state, served as ``tests.agents.history_attack:NAME``.
 
 ``tricky`` does to its state what the message's first word says, then returns

@@ -1,4 +1,4 @@
-"""An agent for ``tests/integration/serve/test_pipe_read_attacks.py``: it writes raw bytes
+"""An agent for ``tests/integration/serve/workers/test_pipe_read_attacks.py``: it writes raw bytes
 (whole, partial, concatenated or malformed ``multiprocessing`` frames) on its worker's pipe,
 to attack the pool manager's non-blocking reader (``motus.serve.pool._Frames``). Served as
 ``tests.agents.pipe_read_attack:attacker``.

@@ -1,4 +1,4 @@
-"""Agents for ``tests/integration/serve/test_pg_history_attacks.py``, served as
+"""Agents for ``tests/integration/serve/instances/test_postgres_history_attacks.py``, served as
 ``tests.agents.postgres_history_attack:NAME``.
 
 ``stamped`` returns ``[*state, message, reply]`` with the reply

@@ -1,5 +1,5 @@
 """An agent that does to its state what each message says, for
-``tests/integration/serve/test_history_writes.py`` (served as ``tests.agents.state:agent``).
+``tests/integration/serve/history/test_history_writes.py`` (served as ``tests.agents.state:agent``).
 
 The reply is always ``done: <the message>``. What happens to the state before the reply
 (and, except for ``same``, the message) is appended:

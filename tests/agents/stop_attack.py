@@ -1,4 +1,4 @@
-"""Agents for ``tests/integration/serve/test_stop_attacks.py``.
+"""Agents for ``tests/integration/serve/lifecycle/test_stop_attacks.py``.
 
 - ``gated_import``: the module's import, in the zygote only (a fresh interpreter started with
   ``python -c``), writes its pid to ``$MOTUS_TEST_GATE_DIR/zygote.pid`` and then blocks until

@@ -1,4 +1,4 @@
-"""Agents served by ``tests/integration/serve/test_react_agent.py``.
+"""Agents served by ``tests/integration/serve/approvals/test_react_agent.py``.
 
 They are ``ReActAgent``s over the real HTTP clients, pointed at the scripted fake
 provider the test starts (its URL arrives as ``$MOTUS_TEST_PROVIDER_URL`` through

@@ -1,5 +1,7 @@
-"""Agents for ``tests/integration/serve/test_turn_cost_attacks.py`` (served as
-``tests.agents.turn_cost:agent``, and run by an in-process ``WorkerPool``). The first word of the
+"""Agents for the attacks on the per-turn cost changes (``tests/integration/serve/workers/
+test_pool_manager_attacks.py`` and ``test_worker_exit_attacks.py``,
+``serve/hardening/test_host_check_attacks.py``; served as ``tests.agents.turn_cost:agent``, and
+run by an in-process ``WorkerPool``). The first word of the
 message picks what the turn does; ``TAG`` names the file ``$COST_SANDBOX/TAG.done`` that a
 callback, a ``finally`` or a function left running writes when it runs:
 

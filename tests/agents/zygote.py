@@ -1,4 +1,4 @@
-"""Agents served by ``tests/integration/serve/test_zygote.py`` (imported by the server
+"""Agents served by ``tests/integration/serve/workers/test_zygote.py`` (imported by the server
 subprocess as ``tests.agents.zygote:agent``). The first word of the message picks what the
 turn does, the second (``TAG``) names the file in ``$ZYGOTE_SANDBOX`` where it writes the pid
 of anything it leaves behind (``TAG.pid``; a ``sleep`` it starts also gets its worker's pid
@@ -207,7 +207,7 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
     return _reply(message, state, f"echo: {rest}")
 
 
-# -- hostile imports for tests/integration/serve/test_rehearsal_attacks.py -------------------
+# -- hostile imports for tests/integration/serve/workers/test_rehearsal_attacks.py -------------------
 # At import, only in the zygote, ``$ZYGOTE_HOSTILE`` picks what the module does to the process
 # the zygote's rehearsal turn then runs in (the rehearsal runs after this import):
 # ``policy_subclass`` / ``policy_raises`` (an asyncio policy whose loops are a subclass / that

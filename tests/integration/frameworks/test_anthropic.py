@@ -18,7 +18,7 @@ pytest.importorskip("anthropic", reason="needs the anthropic package: pip instal
 from tests.conftest import Server  # noqa: E402
 from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
 from tests.support.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_use  # noqa: E402
-from tests.integration.serve.test_durability import assert_parked  # noqa: E402
+from tests.integration.serve.durability.test_durability import assert_parked  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
     agent_env,
     approval,

@@ -1,46 +1,36 @@
-"""Attacks on the per-turn cost changes (a finished worker skipping asyncio's clean-up, the
-pool's manager writing small jobs itself, gunicorn's heartbeat, the cached loopback check).
-
-1. A zygote's child skips asyncio's clean-up when ``_nothing_to_clean_up`` says nothing is
-   left (``worker._run_on(..., exiting=True)``), then ``os._exit``s.
-2. The pool's manager thread writes a small ``Job`` itself (``WorkerPool._send_job_at_once``);
-   it must never block.
-3. ``MotusWorker.notify`` touches gunicorn's heartbeat at most once a second.
-4. ``auth.is_loopback`` is an ``lru_cache``.
+"""Attacks on the pool's manager thread writing a small ``Job`` itself
+(``WorkerPool._send_job_at_once``): it must never block, never pickle a huge job whole, and
+every job, inline or handed to the sender thread, must run.
 
 Agents: ``tests.agents.turn_cost:agent`` (see its docstring). The pool tests run a real
 ``WorkerPool`` (real zygote, real worker processes) in this process, so they can launch jobs
 from the manager thread itself and inject faults around the dispatch.
+
+The other attacks on the per-turn cost changes are beside what they attack: the worker's
+skipped clean-up in ``test_worker_exit_attacks.py``, gunicorn's heartbeat in
+``serve/lifecycle/test_heartbeat_attacks.py``, the cached loopback check in
+``serve/hardening/test_host_check_attacks.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from motus.serve import auth, worker
 from motus.serve import pool as pool_module
-from motus.serve.gunicorn_app import MotusWorker
 from motus.serve.pool import Handle, WorkerPool
 from motus.serve.protocol import Failure, Job, Result
 from multiprocessing.reduction import ForkingPickler
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_approvals_attacks import raw_request, read_head
-from tests.integration.serve.test_zygote import (
-    assert_ended,
+from tests.integration.serve.workers.test_zygote import (
     assert_no_500,
     finished,
     the_zygote,
     kill_and_wait,
-    recorded,
 )
 
 AGENT = "tests.agents.turn_cost:agent"
@@ -51,158 +41,8 @@ def cost_env(sandbox: Path, **extra: str) -> dict[str, str]:
     return {"COST_SANDBOX": str(sandbox), **extra}
 
 
-def marker(sandbox: Path, tag: str, timeout: float = 5.0) -> str | None:
-    """What ``TAG.done`` says once it exists, or None if it never appears within ``timeout``."""
-    path = sandbox / f"{tag}.done"
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.02)
-    return path.read_text()
 
-
-def run_turn(server: Server, content: str) -> dict:
-    session_id = server.create_session()
-    server.send(session_id, content)
-    return finished(server, session_id)
-
-
-# == 1. the skipped asyncio clean-up ==========================================================
-#
-# asyncio.run's clean-up runs the loop three more times: callbacks already scheduled when the
-# main coroutine returned (a future's done callback, a call_soon chain, a timer due now) run
-# there. ``_nothing_to_clean_up`` looks at tasks, async generators and the default executor,
-# not at the loop's ready queue, so a zygote's child drops those callbacks.
-
-def _call_soon_chain(seen: list[str]):
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_soon, seen.append, "ran")
-    return main()
-
-
-def _thread_done_cb(seen: list[str]):
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        future.add_done_callback(lambda done: seen.append(f"callback {done.result()}"))
-        poster = threading.Thread(target=loop.call_soon_threadsafe, args=(future.set_result, "ran"))
-        poster.start()
-        poster.join()
-    return main()
-
-
-def _executor_done_cb(seen: list[str]):
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        executor = concurrent.futures.ThreadPoolExecutor(1)
-        work = loop.run_in_executor(executor, sum, [1, 2, 3])
-        work.add_done_callback(lambda done: seen.append(f"callback {done.result()}"))
-        executor.shutdown(wait=True)
-    return main()
-
-
-def _timer_chain(seen: list[str]):
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_later, 0, seen.append, "timer")
-    return main()
-
-
-SCHEDULED = {
-    "call_soon_chain": (_call_soon_chain, "ran"),
-    "thread_done_cb": (_thread_done_cb, "callback ran"),
-    "executor_done_cb": (_executor_done_cb, "callback 6"),
-    "timer_chain": (_timer_chain, "timer"),
-}
-
-
-@pytest.mark.parametrize("how", list(SCHEDULED))
-def test_unit_callbacks_scheduled_before_the_end_run_as_under_asyncio_run(how: str) -> None:
-    """Reference first (no ``exiting``: asyncio.run's clean-up), then the zygote child's way
-    (``exiting=True``): the agent must observe the same thing."""
-    make, expected = SCHEDULED[how]
-    observed = {}
-    for exiting in (False, True):
-        seen: list[str] = []
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            worker._run_on(loop, make(seen), exiting=exiting)
-        finally:
-            asyncio.set_event_loop(None)
-            if not loop.is_closed():
-                loop.close()
-        observed[exiting] = seen
-    assert observed[False] == [expected], observed  # asyncio.run's semantics
-    assert observed[True] == observed[False], f"{how}: asyncio.run ran {observed[False]}, the exiting child ran {observed[True]}"
-
-
-def test_scheduled_callbacks_of_a_served_agent_run_before_its_worker_exits(start_server: StartServer, sandbox: Path) -> None:
-    """The same, through a real server: each callback writes its marker; with
-    ``MOTUS_WORKER_START=multiprocessing`` (asyncio.run's clean-up) every marker appears."""
-    server = start_server(AGENT, "--workers", "2", env=cost_env(sandbox))
-    missing = []
-    for how, (_, expected) in SCHEDULED.items():
-        body = run_turn(server, f"{how} {how}")
-        assert body["status"] == "idle", body
-        got = marker(sandbox, how, timeout=1.0)
-        if got != expected:
-            missing.append(f"{how}: {got!r} (expected {expected!r})")
-    assert not missing, "callbacks the agent scheduled before replying never ran: " + "; ".join(missing)
-    assert_no_500(server)
-
-
-def test_reference_multiprocessing_workers_run_those_callbacks(start_server: StartServer, sandbox: Path) -> None:
-    """Control for the test above: workers that do not skip the clean-up run them all."""
-    server = start_server(AGENT, "--workers", "2", env=cost_env(sandbox, MOTUS_WORKER_START="multiprocessing"))
-    for how, (_, expected) in SCHEDULED.items():
-        body = run_turn(server, f"{how} {how}")
-        assert body["status"] == "idle", body
-        assert marker(sandbox, how) == expected, how
-
-
-def test_what_the_exit_must_still_do_after_a_skipped_clean_up(start_server: StartServer, sandbox: Path) -> None:
-    """Regression: with the clean-up skipped, a custom default executor's work is still
-    waited for, an asyncio subprocess and a non-daemon thread still end with the worker,
-    and an agent that stops the loop itself still gets its reply through."""
-    server = start_server(AGENT, "--workers", "2", env=cost_env(sandbox))
-    assert run_turn(server, "custom_default custom")["status"] == "idle"
-    assert marker(sandbox, "custom") == "finished"
-
-    assert run_turn(server, "subprocess sub")["status"] == "idle"
-    assert_ended([recorded(sandbox, "sub")], what="the agent's asyncio subprocess")
-
-    assert run_turn(server, "thread thr")["status"] == "idle"
-    assert_ended([recorded(sandbox, "thr")], what="the worker holding a non-daemon thread")
-
-    body = run_turn(server, "stop_loop")
-    assert body["status"] == "idle" and body["response"]["content"] == "stopped the loop", body
-    assert_no_500(server)
-
-
-def test_unflushed_prints_of_successful_turns_reach_the_server_log(start_server: StartServer, sandbox: Path) -> None:
-    """stdout is block-buffered when it is a file or a pipe (no PYTHONUNBUFFERED, as in most
-    deployments); ``zygote._child`` flushes it before ``os._exit``. But the server closes a
-    worker's pipe as soon as it has read the Result, and when the child's loop sees that EOF
-    before it stops, ``run_worker`` takes the pipe for a cancelled turn and SIGKILLs its own
-    group. That kill now flushes first; before, about a third of such prints were lost."""
-    server = start_server(AGENT, "--workers", "2", env=cost_env(sandbox, PYTHONUNBUFFERED=""))
-    for n in range(20):
-        assert run_turn(server, f"print p{n}q")["status"] == "idle"
-
-    def missing() -> list[int]:
-        log = server.log()
-        return [n for n in range(20) if f"p{n}q-printed" not in log]
-
-    deadline = time.monotonic() + 5
-    while missing() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not missing(), f"prints of {len(missing())} of 20 successful turns never reached the log: {missing()}"
-
-
-# == 2. the manager thread's own send of a small job =========================================
+# == the manager thread's own send of a small job =========================================
 
 MANAGER = "motus-pool-manager"
 
@@ -456,90 +296,4 @@ def test_queued_turns_with_workers_1_survive_the_zygote_dying_deletes_and_sizes(
         body = finished(server, session_id, timeout=30)
         assert body["status"] == "idle", body
         assert body["response"]["content"] == f"size {size} 0"
-    assert_no_500(server)
-
-
-# == 3. the heartbeat ===========================================================================
-
-
-class _Tmp:
-    def __init__(self) -> None:
-        self.touched: list[float] = []
-
-    def notify(self) -> None:
-        self.touched.append(_clock[0])
-
-
-_clock = [0.0]
-
-
-def test_the_heartbeat_is_never_older_than_a_second_plus_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """gunicorn's loop calls ``notify`` once a pass (a pass waits at most 1 s for events);
-    whatever the passes' spacing, including a pass that blocked for 50 s, the file is
-    touched at the first pass a second or more after the last touch, and never more than
-    once a second. The arbiter's 60 s limit is then never approached by a live loop."""
-    worker_ = MotusWorker.__new__(MotusWorker)
-    worker_._notified_at = float("-inf")
-    worker_.tmp = _Tmp()
-    monkeypatch.setattr("motus.serve.gunicorn_app.time.monotonic", lambda: _clock[0])
-    rng = random.Random(7)
-    _clock[0] = 1000.0
-    gaps = [rng.uniform(0, 1.0) for _ in range(2000)] + [50.0] + [rng.uniform(0, 0.01) for _ in range(500)] + [1.0] * 20
-    for gap in gaps:
-        _clock[0] += gap
-        before = worker_.tmp.touched[-1] if worker_.tmp.touched else None
-        worker_.notify()
-        last = worker_.tmp.touched[-1]
-        assert _clock[0] - last < MotusWorker.NOTIFY_EVERY_SECONDS  # touched now, or less than a second ago
-        if before is not None and last != before:
-            assert last - before >= MotusWorker.NOTIFY_EVERY_SECONDS
-    touches = worker_.tmp.touched
-    assert len(touches) <= (touches[-1] - touches[0]) / MotusWorker.NOTIFY_EVERY_SECONDS + 1
-
-
-# == 4. the cached is_loopback ================================================================
-
-HOSTILE = [
-    "localhost", "LOCALHOST".lower(), "localhost.", "localhost.localdomain", "127.0.0.1", "127.1", "127.000.000.001",
-    "0x7f.0.0.1", "2130706433", "[::1]", "[::1", "::1]", "::1", "[0:0:0:0:0:0:0:1]", "[::ffff:127.0.0.1]",
-    "[::1%25lo]", "[::1%lo]", "::1%lo", "[]", "[", "]", "", " ", "127.0.0.1 ", "\u0131ocalhost", "ｌｏｃａｌｈｏｓｔ",
-    "１２７.０.０.１", "127.0.0.1\x00", "[::1]\x00", "[[::1]]", "[127.0.0.1]", "0.0.0.0", "[::]", "128.0.0.1",
-    "126.255.255.255", "127.255.255.255", "x" * 8190, "[" + "1:" * 4000 + "]", "٣٧.0.0.1",
-]
-
-
-def test_cached_is_loopback_agrees_with_the_plain_function_and_stays_bounded() -> None:
-    plain = auth.is_loopback.__wrapped__
-    expected = {host: plain(host) for host in HOSTILE}
-    auth.is_loopback.cache_clear()
-    rng = random.Random(3)
-    for round_ in range(3):
-        for host in HOSTILE:
-            assert auth.is_loopback(host) == expected[host], repr(host[:40])
-        for n in range(1000):  # push everything out of the cache
-            junk = f"evil-{round_}-{n}-{rng.random()}.example"
-            assert auth.is_loopback(junk) is False
-    assert auth.is_loopback.cache_info().currsize <= 256
-    assert expected["127.0.0.1"] and expected["[::1]"] and expected["localhost"]
-    assert not expected["127.1"] and not expected["[::1"] and not expected["localhost."]
-
-
-def _raw_get(server: Server, host: bytes) -> int:
-    """The status of ``GET /health`` sent with ``Host: host``, exactly as given."""
-    with raw_request(server, b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n") as sock:
-        return int(read_head(sock).split(b" ", 2)[1])
-
-
-def test_hostile_host_headers_get_the_right_answer_and_never_a_500(start_server: StartServer, sandbox: Path) -> None:
-    server = start_server(AGENT, "--workers", "1", env=cost_env(sandbox))
-    good = [b"localhost", b"127.0.0.1:9", b"[::1]:80", b"LOCALHOST", b"[::1]"]
-    bad = [b"evil.example", b"127.1", b"[::1", b"[::1].evil", b"localhost.", b"x" * 8000,
-           "ｌｏｃａｌｈｏｓｔ".encode(), b"\xff\xfe", b"[" + b"1:" * 3000 + b"]"]
-    for round_ in range(2):
-        for host in good:
-            assert _raw_get(server, host) == 200, host
-        for host in bad:
-            assert _raw_get(server, host) in (400, 431), host[:40]
-        for n in range(300):  # more distinct names than the cache holds
-            assert _raw_get(server, f"h{round_}-{n}.example".encode()) == 400
     assert_no_500(server)

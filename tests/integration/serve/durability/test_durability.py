@@ -31,7 +31,7 @@ import requests
 from tests.conftest import Server, free_port, launch, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
-from tests.integration.serve.test_hitl import WebhookSink, interrupted, resume, start_turn
+from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, resume, start_turn
 
 FILES = "tests.agents.durable:files"
 OUTCOME_UNKNOWN = "Outcome unknown: the server stopped while {tool} was running"

@@ -7,7 +7,7 @@ Where a test needs a race to go one way, it arranges it (an instance with a long
 says when an instance is gone) rather than waiting on a clock.
 
 Agents used only here are defined at the bottom of this module and served as
-``tests.integration.serve.test_instances_attacks:NAME``.
+``tests.integration.serve.instances.test_instances_attacks:NAME``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import requests
 from tests.conftest import Server, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
-from tests.integration.serve.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
-from tests.integration.serve.test_hitl import interrupted, resume, start_turn
+from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
+from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn
 
-HERE = "tests.integration.serve.test_instances_attacks"
+HERE = "tests.integration.serve.instances.test_instances_attacks"
 LEASE = "2"
 #: An instance that, in a test's time, neither lets its lease lapse nor looks for orphans
 #: after its start (it does both every third of its lease).

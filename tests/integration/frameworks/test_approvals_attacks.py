@@ -1,4 +1,4 @@
-"""Late attacks on the framework adapters and on metrics/logs (real server processes).
+"""Attacks on the framework adapters' approvals, through real server processes.
 
 - A session grant ("remember": "session") read back from the journal during a replay must not
   approve a framework call the first run had asked about (and the person rejected): the
@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import Server, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
-from tests.integration.serve.test_durability import agent_env, lines, resume_ok, store_url, wait_settled
-from tests.integration.serve.test_hitl import interrupted, resume, start_turn
+from tests.integration.serve.durability.test_durability import agent_env, lines, resume_ok, store_url, wait_settled
+from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn
 
 FRAMEWORK_AGENTS = [
     pytest.param("agents", "tests.agents.frameworks.openai_agents:agent", id="openai-agents"),

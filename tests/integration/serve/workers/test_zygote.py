@@ -36,7 +36,7 @@ import psutil
 import pytest
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_hitl import interrupted, resume
+from tests.integration.serve.approvals.test_hitl import interrupted, resume
 
 AGENT = "tests.agents.zygote:agent"
 ZYGOTE_ARG = "motus-zygote"  # the zygote's (and its children's) last command-line word

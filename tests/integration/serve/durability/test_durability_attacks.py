@@ -30,7 +30,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_durability import (
+from tests.integration.serve.durability.test_durability import (
     _alive,
     agent_env,
     agent_processes,
@@ -42,7 +42,7 @@ from tests.integration.serve.test_durability import (
     store_url,
     wait_idle,
 )
-from tests.integration.serve.test_hitl import interrupted, resume, start_turn
+from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn
 
 ATTACKS = "tests.agents.durability_attack"
 #: Half of a UTF-16 surrogate pair: what a JavaScript client sends for a broken emoji

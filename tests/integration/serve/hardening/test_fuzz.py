@@ -80,7 +80,7 @@ def test_fuzz(servers: dict[str, Server], which: str, mode: GenerationMode, pres
     for result in schema.get_all_operations():
         operation = result.ok()
         if operation.path.endswith("/events"):
-            continue  # a stream answers for as long as it is open: tests/integration/serve/test_approvals_workflow.py
+            continue  # a stream answers for as long as it is open: tests/integration/serve/approvals/test_workflow.py
         if mode is GenerationMode.NEGATIVE and not (len(operation.body) or len(operation.query)):
             continue  # only a string path parameter: nothing can be made schema-invalid
         for target in ("random", "existing"):

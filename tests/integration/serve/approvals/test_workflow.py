@@ -21,7 +21,7 @@ import requests
 from tests.conftest import Instances, Server, server_factory, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
-from tests.integration.serve.test_hitl import WebhookSink
+from tests.integration.serve.approvals.test_hitl import WebhookSink
 
 CALLS = "tests.agents.approval:calls"
 EXPIRING = "tests.agents.approval:expiring"

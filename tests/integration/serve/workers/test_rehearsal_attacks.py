@@ -20,8 +20,8 @@ import pytest
 
 from motus.serve.worker import REHEARSAL_SECONDS
 from tests.conftest import Server
-from tests.integration.serve.test_hitl import interrupted, resume
-from tests.integration.serve.test_zygote import (
+from tests.integration.serve.approvals.test_hitl import interrupted, resume
+from tests.integration.serve.workers.test_zygote import (
     AGENT, WARM, agent_env, alive, assert_ended, assert_no_500, echo_ok, finished, health, recorded, serving,
     the_zygote, turn,
 )

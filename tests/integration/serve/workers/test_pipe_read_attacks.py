@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_forged_message_attacks import body_of, echo_runs, ended, release, started
-from tests.integration.serve.test_forged_message_attacks import no_traceback as shared_no_traceback
+from tests.integration.serve.workers.test_forged_message_attacks import body_of, echo_runs, ended, release, started
+from tests.integration.serve.workers.test_forged_message_attacks import no_traceback as shared_no_traceback
 
 ATTACKER = "tests.agents.pipe_read_attack:attacker"
 EXITED = "Worker process exited unexpectedly"

@@ -22,8 +22,8 @@ import requests
 from tests.conftest import ROOT, Server, free_port, server_env, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
-from tests.integration.serve.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle
-from tests.integration.serve.test_hitl import interrupted, resume, start_turn
+from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle
+from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn
 from tests.support.pg import Cluster
 
 LEASE = "2"

@@ -1,6 +1,6 @@
 """The PostgreSQL store on its own (``motus.serve.store.postgres``), against a real
 throwaway cluster: what several instances rely on, one guarantee per test. The server-level
-behaviour is in ``tests/integration/serve/test_several_instances.py``."""
+behaviour is in ``tests/integration/serve/instances/test_several_instances.py``."""
 
 from __future__ import annotations
 

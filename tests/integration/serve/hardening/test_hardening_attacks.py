@@ -27,7 +27,7 @@ import requests
 
 from motus.serve.jsonshape import JSON_BYTES_PER_VALUE, MAX_JSON_VALUES_FREE, values_allowed, values_upper_bound
 from tests.conftest import ROOT, Server, server_env, server_factory, wait_until
-from tests.integration.serve.test_slow_clients import trickling
+from tests.integration.serve.hardening.test_slow_clients import trickling
 
 AGENT = "tests.agents.hardening:agent"
 READ_TIMEOUT = 3.0

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_history_attacks import (
+from tests.integration.serve.history.test_history_attacks import (
     PARKER,
     PRELOAD,
     TRICKY,
@@ -43,7 +43,7 @@ from tests.integration.serve.test_history_attacks import (
     turn,
     user,
 )
-from tests.integration.serve.test_instances_attacks import NEVER, owner_of, serve, sql, wait_lapsed
+from tests.integration.serve.instances.test_instances_attacks import NEVER, owner_of, serve, sql, wait_lapsed
 
 LOAD_QUERY = "SELECT session_id, body FROM motus_messages ORDER BY session_id, seq"
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, Server, free_port, launch, server_env, wait_healthy, wait_until
-from tests.integration.serve.test_hitl import WebhookSink, interrupted, resume, start_turn
+from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, resume, start_turn
 
 
 @pytest.mark.parametrize(

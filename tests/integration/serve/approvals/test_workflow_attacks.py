@@ -2,7 +2,7 @@
 remembered grants under replay, hostile agents and the live ``turn`` object.
 
 Real ``motus serve`` processes. The agents these tests serve are defined at the bottom of
-this module (the server imports ``tests.integration.serve.test_approvals_attacks:NAME``);
+this module (the server imports ``tests.integration.serve.approvals.test_workflow_attacks:NAME``);
 gated tool bodies come from ``tests/agents/approval.py`` and leave one line per run in
 ``ran-<tool>`` in the sandbox, so what really ran is counted on disk.
 """
@@ -24,9 +24,9 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.test_approvals_workflow import env, ran, resume, start
+from tests.integration.serve.approvals.test_workflow import env, ran, resume, start
 
-HERE = "tests.integration.serve.test_approvals_attacks"
+HERE = "tests.integration.serve.approvals.test_workflow_attacks"
 CALLS = "tests.agents.approval:calls"
 EXPIRING = "tests.agents.approval:expiring"
 
@@ -454,7 +454,7 @@ async def odd_step(message, state):  # type: ignore[no-untyped-def]
 
 
 def _readme_verify() -> Callable[..., bool]:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
     start_at = readme.index("def verify(secret: str, raw_body: bytes, headers) -> bool:")
     block = readme[readme.rindex("```python", 0, start_at) + len("```python"): readme.index("```", start_at)]
     scope: dict = {}

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from tests.conftest import Server
-from tests.integration.serve.test_hitl import WebhookSink, interrupted, resume
+from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, resume
 
 KEY = "k-" + uuid.uuid4().hex
 OLD_KEY = "old-" + uuid.uuid4().hex

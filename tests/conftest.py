@@ -3,8 +3,8 @@
 ``start_server(agent, *args)`` runs ``python -m motus serve start <agent> --port <free>``
 (gunicorn, as a user runs it) in a subprocess, waits until ``GET /health`` answers, and
 stops it at the end of the test, failing the test if the server or anything it started
-outlives that stop. Test agents live in the ``tests.agents`` package (for example
-``tests.agents:echo``, ``tests.agents.approval:calls``).
+outlives that stop. Test agents live in importable modules under ``tests/`` (for example
+``tests.agents:echo``).
 
 The autouse ``no_leaks`` fixture fails any test that leaves a child process or a thread
 behind.

@@ -110,7 +110,7 @@ def bench_server(trees: list[Path], slices: int, seconds: float, store: str, his
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         cluster = None
         if store == "postgresql":  # a throwaway cluster, a database each
-            from tests.pg import Cluster
+            from tests.support.pg import Cluster
 
             cluster = stack.enter_context(Cluster())
         try:

@@ -8,7 +8,7 @@ Run from the repository root::
     python bench/instances_bench.py --only wake   # one part: wake, echo or spread
     python bench/instances_bench.py --fsync    # PostgreSQL with fsync=on throughout
 
-The benchmark starts its own throwaway PostgreSQL cluster (``tests.pg.Cluster``: 127.0.0.1,
+The benchmark starts its own throwaway PostgreSQL cluster (``tests.support.pg.Cluster``: 127.0.0.1,
 a free port, ``fsync=off`` as the test suite runs it unless ``--fsync``), one new database
 per part, and real ``python -m motus serve start ... --store postgresql://...
 --lease-seconds 15`` subprocesses (loopback HTTP, ``http.client`` keep-alive clients as in
@@ -99,7 +99,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import _SERVERS, Http, Served, kill_all, machine_busy, table  # noqa: E402
 from bench.serve_bench import ms, pct  # noqa: E402
-from tests.pg import Cluster  # noqa: E402
+from tests.support.pg import Cluster  # noqa: E402
 
 WAKE_AGENT = "bench.agents:approve_once"
 ECHO_AGENT = "tests.agents:echo"
@@ -713,7 +713,7 @@ def main() -> None:
             cluster.start()
             version = pg_query(cluster.url(), "SHOW server_version")[0][0]
             set_fsync(cluster, args.fsync)
-            print(f"PostgreSQL {version} on 127.0.0.1:{cluster.port} (tests.pg.Cluster), fsync={'on' if args.fsync else 'off'}\n")
+            print(f"PostgreSQL {version} on 127.0.0.1:{cluster.port} (tests.support.pg.Cluster), fsync={'on' if args.fsync else 'off'}\n")
             if args.only in (None, "wake"):
                 bench_wake(cluster, samples)
             if args.only in (None, "echo"):

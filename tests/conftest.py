@@ -12,7 +12,7 @@ The autouse ``no_leaks`` fixture fails any test that leaves a child process or a
 behind.
 
 ``pg_cluster`` (session scope, one per xdist worker) is a throwaway PostgreSQL server
-(``tests/pg.py``); ``pg_url`` is the URL of a fresh, empty database on it. Where PostgreSQL
+(``tests/support/pg.py``); ``pg_url`` is the URL of a fresh, empty database on it. Where PostgreSQL
 is not installed they skip, except in CI (``CI`` or ``MOTUS_REQUIRE_POSTGRES`` set to a true
 value), where that is a failure.
 """
@@ -35,7 +35,7 @@ import psutil
 import pytest
 import requests
 
-from tests import pg
+from tests.support import pg
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@
   requested anything outside the server's origin, threw a JavaScript error, or broke its
   Content-Security-Policy.
 - ``example_server`` / ``ui_server``: a real ``motus serve`` running the example agent's
-  offline fallback (in a sandbox under the test's folder), or ``tests.ui_agents:agent``.
+  offline fallback (in a sandbox under the test's folder), or ``tests.agents.ui:agent``.
 
 Screenshots go to ``<tmp_path>/screens/NN-name.png``, the test's output folder.
 """
@@ -43,7 +43,7 @@ CHROMIUM_ARGS = [
 ]
 
 EXAMPLE_AGENT = "examples.serving.hitl_agent:agent"
-UI_AGENT = "tests.ui_agents:agent"
+UI_AGENT = "tests.agents.ui:agent"
 
 #: Generous: a turn starts a worker process, and the machine has two cores.
 WAIT_MS = 20_000

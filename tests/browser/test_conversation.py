@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.ui_agents import SCRIPT_REPLY
+from tests.agents.ui import SCRIPT_REPLY
 
 pytestmark = pytest.mark.browser
 

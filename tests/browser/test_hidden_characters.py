@@ -8,11 +8,11 @@ import json
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.hidden_agents import APPROVAL, ASK, CUSTOM, PATH, QUESTION
+from tests.agents.hidden_characters import APPROVAL, ASK, CUSTOM, PATH, QUESTION
 
 pytestmark = pytest.mark.browser
 
-AGENT = "tests.browser.hidden_agents:agent"
+AGENT = "tests.agents.hidden_characters:agent"
 RLO = "\u202e"
 
 

@@ -13,7 +13,7 @@ from tests.conftest import wait_until
 
 pytestmark = pytest.mark.browser
 
-CALLS_AGENT = "tests.approval_agents:calls"
+CALLS_AGENT = "tests.agents.approval:calls"
 
 
 def _ms(iso: str) -> float:
@@ -99,7 +99,7 @@ def test_two_concurrent_approvals_show_at_once_numbered(open_chat, example_serve
 
 
 def test_markdown_renders_and_html_stays_inert(open_chat, start_server):
-    server = start_server("tests.browser.markdown_agents:agent")
+    server = start_server("tests.agents.markdown:agent")
     chat = open_chat(server).open()
     chat.send("show me")
     reply = chat.page.locator(".msg.assistant .text.md")

@@ -15,8 +15,8 @@ from motus.agent import ReActAgent
 from motus.guardrails import InputGuardrailTripped, OutputGuardrailTripped, ToolInputGuardrailTripped, ToolRejected
 from motus.models import ChatMessage, OpenAIChatClient
 from motus.tools import tool
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
 
 
 def run(coro):  # noqa: ANN001, ANN201

@@ -19,8 +19,8 @@ from motus.guardrails import (
 from motus.models import ChatMessage, OpenAIChatClient
 from motus.tools import ToolRejected, tool
 from motus.tools.approval import ApprovalDecision, parse_approval
-from tests.fakes.fixtures import fake_provider  # noqa: F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
 
 
 def run(coro):  # noqa: ANN001, ANN201

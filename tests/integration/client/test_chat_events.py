@@ -14,7 +14,7 @@ import requests
 from tests.conftest import Server, server_factory, wait_until
 from tests.integration.client.terminal import Terminal
 
-AGENT = "tests.ui_agents:agent"  # "gate <path>" runs until <path> exists, then replies "gate opened"
+AGENT = "tests.agents.ui:agent"  # "gate <path>" runs until <path> exists, then replies "gate opened"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """``motus serve chat`` in a real pseudo-terminal against a real server.
 
 Each test types into the chat the way a person would and asserts both what the person
-sees and what the agent received (``tests.client_agents:hitl`` replies ``got <value>``).
+sees and what the agent received (``tests.agents.client:hitl`` replies ``got <value>``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from motus.serve.interrupt import interrupt
 from tests.conftest import ROOT, Server, free_port, server_env, server_factory, wait_until
 from tests.integration.client.terminal import Terminal
 
-AGENT = "tests.client_agents:hitl"
+AGENT = "tests.agents.client:hitl"
 
 
 @pytest.fixture(scope="module")

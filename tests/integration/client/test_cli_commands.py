@@ -20,7 +20,7 @@ from motus.cli import main
 from tests.conftest import ROOT, Server, free_port, server_env, server_factory, wait_until
 from tests.integration.client.stub_http import StubServer
 
-AGENT = "tests.client_agents:hitl"
+AGENT = "tests.agents.client:hitl"
 
 
 @pytest.fixture(scope="module")

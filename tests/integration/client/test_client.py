@@ -25,11 +25,11 @@ from motus.client import (
     Unavailable,
 )
 from motus.models import ChatMessage
-from tests.client_agents import APPROVAL, CUSTOM, QUESTIONS
+from tests.agents.client import APPROVAL, CUSTOM, QUESTIONS
 from tests.conftest import Server, free_port, server_factory, wait_until
 from tests.integration.client.stub_http import StubServer
 
-AGENT = "tests.client_agents:hitl"
+AGENT = "tests.agents.client:hitl"
 
 
 @pytest.fixture(scope="module")

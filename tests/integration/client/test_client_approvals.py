@@ -13,7 +13,7 @@ import pytest
 from motus.client import Client, Event, NotFound
 from tests.conftest import ROOT, Server, server_env
 
-CALLS = "tests.approval_agents:calls"
+CALLS = "tests.agents.approval:calls"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 from collections.abc import Callable
 
 from tests.conftest import Server, wait_until
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls
-from tests.integration.serve.test_durability import agent_env, kill_server, lines, refused_start, resume_ok, store_url, wait_idle  # noqa: F401
-from tests.integration.serve.test_hitl import interrupted, resume, start_turn  # noqa: F401
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
+from tests.integration.serve.durability.test_durability import agent_env, kill_server, lines, refused_start, resume_ok, store_url, wait_idle  # noqa: F401
+from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn  # noqa: F401
 
 
 def approval(body: dict) -> list[tuple[str, dict]]:

@@ -1,6 +1,6 @@
 """Anthropic SDK tool runners served by ``motus serve`` (issue 16, item 3): ``motus.anthropic``.
 
-Real server processes run the runners in ``anthropic_app.py`` with the real ``anthropic``
+Real server processes run the runners in ``tests/agents/frameworks/anthropic.py`` with the real ``anthropic``
 package; the model is the SDK's client talking to the scripted loopback provider (Messages
 API), which records every request. What the tools did is counted on disk in a sandbox directory.
 """
@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("anthropic", reason="needs the anthropic package: pip install 'motus[anthropic]'")
 
 from tests.conftest import Server  # noqa: E402
-from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
-from tests.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_use  # noqa: E402
-from tests.integration.serve.test_durability import assert_parked  # noqa: E402
+from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
+from tests.support.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_use  # noqa: E402
+from tests.integration.serve.durability.test_durability import assert_parked  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
     agent_env,
     approval,
@@ -33,7 +33,7 @@ from tests.integration.frameworks.helpers import (  # noqa: E402
     wait_idle,
 )
 
-APP = "tests.integration.frameworks.anthropic_app"
+APP = "tests.agents.frameworks.anthropic"
 
 
 def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path, *args: str, name: str = "runner") -> Server:
@@ -233,7 +233,7 @@ def test_an_approval_survives_kill_9_and_a_restart_on_sqlite(
 
 
 def test_a_runner_gating_a_tool_it_does_not_have_is_refused_at_start_up(tmp_path: Path) -> None:
-    code, output = refused_start(["tests.integration.frameworks.anthropic_wrong_app:runner"], tmp_path)
+    code, output = refused_start(["tests.agents.frameworks.anthropic_wrong:runner"], tmp_path)
     assert code != 0
     assert "requires_approval" in output and "'remove'" in output and "'lookup'" in output, output
     assert "Traceback" not in output, output

@@ -29,8 +29,8 @@ def test_a_plain_agent_imports_no_framework() -> None:
 @pytest.mark.parametrize(
     ("path", "package", "adapter"),
     [
-        ("tests.integration.frameworks.openai_agents_app:agent", "agents", "OpenAIAgentsAgent('files')"),
-        ("tests.integration.frameworks.pydantic_ai_app:agent", "pydantic_ai", "PydanticAIAgent('files')"),
+        ("tests.agents.frameworks.openai_agents:agent", "agents", "OpenAIAgentsAgent('files')"),
+        ("tests.agents.frameworks.pydantic_ai:agent", "pydantic_ai", "PydanticAIAgent('files')"),
     ],
 )
 def test_a_framework_agent_is_served_through_its_adapter(path: str, package: str, adapter: str) -> None:
@@ -47,9 +47,9 @@ def test_another_object_of_a_framework_is_refused_as_before() -> None:
     pytest.importorskip("agents")
     out = run(
         "from motus.serve.agents import load_agent, AgentLoadError\n"
-        "try:\n    load_agent('tests.integration.frameworks.openai_agents_app:touch')\n"
+        "try:\n    load_agent('tests.agents.frameworks.openai_agents:touch')\n"
         "except AgentLoadError as exc:\n    print('refused', exc)\n"
-        "try:\n    load_agent('tests.integration.frameworks.openai_agents_app:PROVIDER_URL')\n"
+        "try:\n    load_agent('tests.agents.frameworks.openai_agents:PROVIDER_URL')\n"
         "except AgentLoadError as exc:\n    print('refused', exc)\n"
     )
     tool, text = out.splitlines()

@@ -1,6 +1,6 @@
 """OpenAI Agents SDK agents served by ``motus serve`` (issue 16, item 1).
 
-Real server processes run the agents in ``openai_agents_app.py`` with the real
+Real server processes run the agents in ``tests/agents/frameworks/openai_agents.py`` with the real
 ``openai-agents`` package; the model is the SDK's chat-completions model talking to the
 scripted loopback provider, which records every request, so a test sees what the model was
 told. What the tools did is counted on disk in a sandbox directory.
@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("agents", reason="needs the openai-agents package: pip install 'motus[openai-agents]'")
 
 from tests.conftest import Server  # noqa: E402
-from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
+from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
     check_a_parked_turn_replays_without_the_model_or_a_tool,
     check_an_approval_survives_kill_9,
@@ -34,7 +34,7 @@ from tests.integration.frameworks.helpers import (  # noqa: E402
     wait_idle,
 )
 
-APP = "tests.integration.frameworks.openai_agents_app"
+APP = "tests.agents.frameworks.openai_agents"
 AGENT = f"{APP}:agent"
 
 

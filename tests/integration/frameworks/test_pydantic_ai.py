@@ -1,6 +1,6 @@
 """Pydantic AI agents served by ``motus serve`` (issue 16, item 2).
 
-Real server processes run the agents in ``pydantic_ai_app.py`` with the real
+Real server processes run the agents in ``tests/agents/frameworks/pydantic_ai.py`` with the real
 ``pydantic-ai-slim`` package; the model is Pydantic AI's OpenAI chat model talking to the
 scripted loopback provider, which records every request. What the tools did is counted on
 disk in a sandbox directory.
@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai package: pip install 'motus[pydantic-ai]'")
 
 from tests.conftest import Server  # noqa: E402
-from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
-from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
+from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
     check_a_parked_turn_replays_without_the_model_or_a_tool,
     check_an_approval_survives_kill_9,
@@ -35,7 +35,7 @@ from tests.integration.frameworks.helpers import (  # noqa: E402
     wait_idle,
 )
 
-APP = "tests.integration.frameworks.pydantic_ai_app"
+APP = "tests.agents.frameworks.pydantic_ai"
 AGENT = f"{APP}:agent"
 
 

@@ -1,0 +1,504 @@
+"""Approvals as a workflow (issue 13): server-sent events, the inbox, expiry, remembered
+grants, named and read-only keys, the audit, and signed webhooks.
+
+Real ``motus serve`` processes; agents in ``tests/agents/approval.py`` record each gated tool
+body run in ``ran-<tool>`` in the sandbox, so what ran is counted on disk. Event streams are
+read with ``requests`` (``stream=True``) and parsed here, independently of ``motus.client``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import Instances, Server, server_factory, wait_until
+from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
+from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
+from tests.integration.serve.approvals.test_hitl import WebhookSink
+
+CALLS = "tests.agents.approval:calls"
+EXPIRING = "tests.agents.approval:expiring"
+TWO = "tests.agents.approval:two_questions"
+OPS, VIEWER = "ops-secret-1", "viewer-secret-2"
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["one-server", "two-instances-on-postgresql"])
+def start_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Every test runs twice: against one server, and against two instances on one
+    PostgreSQL database, each request going to the next instance in turn (event streams
+    are read from the first, so they show what the other did). A test that names its own
+    ``--store`` (a restart on a SQLite file) runs on one server both times."""
+    with server_factory(tmp_path) as start:
+        if request.param == "one-server":
+            yield start
+            return
+
+        def start_instances(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+            if "--store" in args:
+                return start(agent, *args, env=env)
+            url = request.getfixturevalue("pg_cluster").create_database()
+            first, second = (start(agent, *args, "--store", url, env=env) for _ in range(2))
+            return Instances.of(first, second)
+
+        yield start_instances
+
+
+class Stream:
+    """One open ``text/event-stream`` response, parsed event by event."""
+
+    def __init__(self, server: Server, path: str, last_id: int | None = None, read_timeout: float = 20) -> None:
+        headers = dict(server.headers)
+        if last_id is not None:
+            headers["Last-Event-ID"] = str(last_id)
+        self.response = requests.get(server.url + path, headers=headers, stream=True, timeout=(5, read_timeout))
+        self.status = self.response.status_code
+        self._lines = self.response.iter_lines(decode_unicode=True) if self.status == 200 else iter(())
+
+    def next(self) -> dict:
+        """The next event (comments and ``retry:`` skipped): ``{"id", "event", "data"}``."""
+        event: dict = {}
+        for line in self._lines:
+            if line == "":
+                if "event" in event:
+                    return event
+                event = {}
+            elif line.startswith(":") or line.startswith("retry:"):
+                continue
+            else:
+                name, _, value = line.partition(": ")
+                event[name] = json.loads(value) if name == "data" else int(value) if name == "id" else value
+        raise EOFError("stream ended")
+
+    def until(self, kind: str, **match: object) -> list[dict]:
+        """Events up to and including the first ``kind`` whose data has ``match``."""
+        seen = []
+        while True:
+            event = self.next()
+            seen.append(event)
+            if event["event"] == kind and all(event["data"].get(k) == v for k, v in match.items()):
+                return seen
+
+    def close(self) -> None:
+        self.response.close()
+
+
+@pytest.fixture
+def streams() -> Iterator[Callable[..., Stream]]:
+    opened: list[Stream] = []
+
+    def open_(server: Server, path: str = "/events", last_id: int | None = None) -> Stream:
+        stream = Stream(server, path, last_id)
+        opened.append(stream)
+        return stream
+
+    yield open_
+    for stream in opened:
+        stream.close()
+
+
+def ran(sandbox: Path, tool: str) -> list[str]:
+    path = sandbox / f"ran-{tool}"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def start(server: Server, content: str) -> str:
+    session_id = server.create_session()
+    server.send(session_id, content)
+    return session_id
+
+
+def pending(server: Server, session_id: str) -> list[dict]:
+    body = server.wait_for_status(session_id, "interrupted")
+    return body["interrupts"]
+
+
+def resume(server: Server, session_id: str, interrupt_id: str, value: object) -> requests.Response:
+    return server.post(f"/sessions/{session_id}/resume", json={"interrupt_id": interrupt_id, "value": value})
+
+
+def approve(server: Server, session_id: str, **extra: object) -> dict:
+    [item] = pending(server, session_id)
+    response = resume(server, session_id, item["interrupt_id"], {"approved": True, **extra})
+    assert response.status_code == 200, response.text
+    return item
+
+
+def env(sandbox: Path, **extra: str) -> dict[str, str]:
+    return {"MOTUS_EXAMPLE_DIR": str(sandbox), **extra}
+
+
+# -- server-sent events --------------------------------------------------------------------
+
+
+def test_a_session_stream_shows_each_change_once_in_order(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    session_id = server.create_session()
+    stream = streams(server, f"/sessions/{session_id}/events")
+    ready = stream.next()
+    assert ready["event"] == "ready" and ready["data"]["last_event_id"] == ready["id"]
+    server.send(session_id, "delete_file a")
+    seen = stream.until("interrupt")
+    assert [e["event"] for e in seen] == ["status", "interrupt"]
+    assert seen[0]["data"]["status"] == "running"
+    interrupt = seen[1]["data"]
+    assert interrupt["session_id"] == session_id and interrupt["type"] == "tool_approval"
+    assert interrupt["payload"] == {"type": "tool_approval", "tool_name": "delete_file", "tool_args": {"path": "a"}}
+    assert resume(server, session_id, interrupt["interrupt_id"], {"approved": True}).status_code == 200
+    rest = stream.until("status", status="idle")
+    kinds = [e["event"] for e in rest]
+    assert kinds == ["status", "resolved", "status", "message", "status"], kinds
+    assert rest[1]["data"]["by"] == "anonymous" and rest[1]["data"]["reason"] == "resume"
+    assert rest[3]["data"]["response"]["content"] == "deleted a"
+    ids = [e["id"] for e in [ready, *seen, *rest]]
+    assert ids == sorted(set(ids)), ids
+
+
+def test_a_client_that_reconnects_with_last_event_id_misses_nothing_and_sees_nothing_twice(
+    start_server: Callable[..., Server], sandbox: Path, streams
+) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    first = streams(server, "/events")
+    start_id = first.next()["id"]
+    collected: list[dict] = []
+    sessions = [start(server, "delete_file x; delete_file y") for _ in range(3)]
+    collected += first.until("interrupt")
+    first.close()  # dropped mid-way: changes keep happening while nobody listens
+    for session_id in sessions:
+        for _ in range(2):
+            approve(server, session_id)
+    for session_id in sessions:
+        assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted x | deleted y"
+    second = streams(server, "/events", last_id=collected[-1]["id"])
+    while sum(1 for e in collected if e["event"] == "message") < 3 or collected[-1]["event"] != "status":
+        collected.append(second.next())  # up to the status that follows the third turn's message
+    everything = streams(server, f"/events?after={start_id}")
+    full = [everything.next() for _ in range(len(collected))]
+    assert [e["id"] for e in collected] == [e["id"] for e in full]
+    assert len({e["id"] for e in collected}) == len(collected)
+    assert [e["event"] for e in collected].count("resolved") == 6
+
+
+def test_events_survive_a_restart_with_a_durable_store(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path, streams) -> None:
+    store = f"sqlite:///{tmp_path / 'events.db'}"
+    first = start_server(CALLS, "--store", store, env=env(sandbox))
+    session_id = start(first, "delete_file a")
+    [item] = pending(first, session_id)
+    stream = streams(first, f"/sessions/{session_id}/events", last_id=0)
+    before = stream.until("interrupt")
+    last_id = before[-1]["id"]
+    stream.close()
+    assert first.stop() == 0
+    second = start_server(CALLS, "--store", store, env=env(sandbox))
+    again = streams(second, f"/sessions/{session_id}/events", last_id=last_id)
+    assert resume(second, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    after = again.until("status", status="idle")
+    assert after[0]["id"] > last_id
+    assert [e["event"] for e in after] == ["status", "resolved", "status", "message", "status"]
+    assert ran(sandbox, "delete_file") == ["a"]
+    replay = streams(second, f"/sessions/{session_id}/events", last_id=0)
+    replayed = [replay.next() for _ in range(len(before) + len(after))]
+    assert [e["id"] for e in replayed] == [e["id"] for e in before] + [e["id"] for e in after]
+
+
+def test_a_deleted_session_ends_its_stream(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    session_id = server.create_session()
+    stream = streams(server, f"/sessions/{session_id}/events")
+    stream.next()
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+    assert stream.next()["data"]["status"] == "deleted"
+    with pytest.raises(EOFError):
+        stream.next()
+
+
+def test_max_streams_holds_and_resumes_still_get_through(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
+    server = start_server(CALLS, "--max-streams", "3", env=env(sandbox))
+    session_id = start(server, "delete_file a")
+    [item] = pending(server, session_id)
+    held = [streams(server, "/events") for _ in range(3)]
+    assert all(s.status == 200 and s.next()["event"] == "ready" for s in held)
+    refused = streams(server, "/events")
+    assert refused.status == 503 and "--max-streams" in refused.response.json()["detail"]
+    assert server.get("/health").json()["open_streams"] == 3
+    assert resume(server, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted a"
+    held[0].close()
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 2, what="the closed stream's slot to be given back")
+    assert streams(server, "/events").status == 200
+
+
+@pytest.mark.parametrize("query", ["after=abc", "after=-1", "after=1e3"])
+def test_a_bad_event_cursor_is_a_400_naming_it(start_server: Callable[..., Server], sandbox: Path, query: str) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    response = server.get(f"/events?{query}")
+    assert response.status_code == 400 and "'after'" in response.json()["detail"]
+    response = requests.get(server.url + "/events", headers={"Last-Event-ID": "nope"}, timeout=10)
+    assert response.status_code == 400 and "Last-Event-ID" in response.json()["detail"]
+    assert server.get("/health").json()["open_streams"] == 0
+
+
+# -- the inbox -----------------------------------------------------------------------------
+
+
+def test_the_inbox_lists_pending_interrupts_of_every_session_oldest_first(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    assert server.get("/interrupts").json() == []
+    first = start(server, "delete_file one")
+    pending(server, first)
+    second = start(server, "send_money 7")
+    pending(server, second)
+    items = server.get("/interrupts", params={"status": "pending"}).json()
+    assert [(i["session_id"], i["payload"]["tool_name"]) for i in items] == [(first, "delete_file"), (second, "send_money")]
+    assert items[0]["created_at"] <= items[1]["created_at"] and items[0]["expires_at"] is None
+    assert items[1]["expires_at"] is None or items[1]["expires_at"] > items[1]["created_at"]
+    assert [i["session_id"] for i in server.get("/interrupts", params={"type": "tool_approval"}).json()] == [first, second]
+    assert server.get("/interrupts", params={"type": "confirm"}).json() == []
+    bad = server.get("/interrupts", params={"status": "resolved"})
+    assert bad.status_code == 400 and "'status'" in bad.json()["detail"]
+
+
+def test_an_inbox_long_poll_returns_when_an_interrupt_appears(start_server: Callable[..., Server], sandbox: Path) -> None:
+    import threading
+
+    server = start_server(CALLS, env=env(sandbox))
+    got: dict = {}
+
+    def poll() -> None:
+        got["response"] = server.get("/interrupts", params={"wait": "true", "timeout": 20}, timeout=30)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        session_id = start(server, "delete_file late")
+    finally:
+        thread.join(30)
+    items = got["response"].json()
+    assert [i["session_id"] for i in items] == [session_id]
+
+
+# -- expiry --------------------------------------------------------------------------------
+
+
+def test_an_interrupt_with_a_timeout_resolves_itself_with_its_default(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(EXPIRING, env=env(sandbox))
+    session_id = start(server, "0.5")
+    [item] = pending(server, session_id)
+    assert item["expires_at"] > item["created_at"]
+    body = server.wait_for_status(session_id, "idle")
+    assert body["response"]["content"] == "got {'choice': 'default'}"
+    [record] = server.get(f"/sessions/{session_id}/audit").json()
+    assert (record["kind"], record["by"], record["reason"], record["value"]) == ("resolved", "timeout", "timeout", {"choice": "default"})
+    late = resume(server, session_id, item["interrupt_id"], {"choice": "mine"})
+    assert late.status_code == 404 and "expired" in late.json()["detail"]
+
+
+def test_an_unanswered_approval_times_out_as_a_rejection_and_the_tool_never_runs(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(CALLS, env=env(sandbox, MOTUS_TEST_APPROVAL_TIMEOUT="0.5"))
+    session_id = start(server, "send_money 100")
+    pending(server, session_id)
+    body = server.wait_for_status(session_id, "idle")
+    assert "User rejected send_money: Approval timed out after 0.5 s" in body["response"]["content"]
+    assert ran(sandbox, "send_money") == []
+
+
+def test_expiry_holds_across_a_restart_and_for_a_parked_turn(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'expiry.db'}"
+    first = start_server(EXPIRING, "--store", store, "--park-after", "0", env=env(sandbox))
+    session_id = start(first, "3")
+    [item] = pending(first, session_id)
+    wait_until(lambda: first.get("/health").json()["parked_turns"] == 1, what="the turn to park")
+    assert first.stop() == 0
+    wait_until(lambda: time.time() > _epoch(item["expires_at"]) + 0.2, timeout=10, what="the deadline to pass while stopped")
+    second = start_server(EXPIRING, "--store", store, env=env(sandbox))
+    body = second.wait_for_status(session_id, "idle")
+    assert body["response"]["content"] == "got {'choice': 'default'}"
+    assert [r["by"] for r in second.get(f"/sessions/{session_id}/audit").json()] == ["timeout"]
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+# -- remembered grants ---------------------------------------------------------------------
+
+
+def test_a_grant_skips_later_gates_and_its_revocation_brings_them_back(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    session_id = start(server, "delete_file a; delete_file b")
+    approve(server, session_id, remember="session")
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted a | deleted b"
+    [grant] = server.get(f"/sessions/{session_id}/grants").json()
+    assert grant["tool_name"] == "delete_file" and grant["granted_by"] == "anonymous"
+    server.send(session_id, "delete_file c")
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted c"
+    assert server.delete(f"/sessions/{session_id}/grants/delete_file").status_code == 204
+    assert server.get(f"/sessions/{session_id}/grants").json() == []
+    again = server.delete(f"/sessions/{session_id}/grants/delete_file")
+    assert again.status_code == 404 and "delete_file" in again.json()["detail"]
+    server.send(session_id, "delete_file d")
+    approve(server, session_id)
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted d"
+    assert ran(sandbox, "delete_file") == ["a", "b", "c", "d"]
+    kinds = [(r["kind"], r.get("tool_name")) for r in server.get(f"/sessions/{session_id}/audit").json()]
+    assert kinds == [("resolved", None), ("grant", "delete_file"), ("revoke", "delete_file"), ("resolved", None)]
+
+
+def test_a_grant_is_per_tool_and_per_session(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(CALLS, env=env(sandbox, MOTUS_TEST_APPROVAL_TIMEOUT="30"))
+    session_id = start(server, "delete_file a; send_money 1")
+    approve(server, session_id, remember="session")
+    item = approve(server, session_id)  # another tool: still asked
+    assert item["payload"]["tool_name"] == "send_money"
+    server.wait_for_status(session_id, "idle")
+    other = start(server, "delete_file z")  # another session: still asked
+    assert pending(server, other)[0]["payload"]["tool_name"] == "delete_file"
+
+
+def test_a_grant_survives_a_restart(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'grants.db'}"
+    first = start_server(CALLS, "--store", store, env=env(sandbox))
+    session_id = start(first, "delete_file a")
+    approve(first, session_id, remember="session")
+    first.wait_for_status(session_id, "idle")
+    assert first.stop() == 0
+    second = start_server(CALLS, "--store", store, env=env(sandbox))
+    assert [g["tool_name"] for g in second.get(f"/sessions/{session_id}/grants").json()] == ["delete_file"]
+    second.send(session_id, "delete_file b")
+    assert second.wait_for_status(session_id, "idle")["response"]["content"] == "deleted b"
+    assert [r["kind"] for r in second.get(f"/sessions/{session_id}/audit").json()] == ["resolved", "grant"]
+
+
+# -- named keys, read-only keys, the audit --------------------------------------------------
+
+
+def test_named_keys_are_recorded_and_a_read_only_key_may_only_watch(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
+    plain = start_server(CALLS, "--api-key", f"ops={OPS}", "--api-key", f"viewer={VIEWER}:read", env=env(sandbox))
+    ops = plain.with_headers({"Authorization": f"Bearer {OPS}"})
+    viewer = plain.with_headers({"Authorization": f"Bearer {VIEWER}"})
+    session_id = start(ops, "delete_file a")
+    [item] = pending(ops, session_id)
+    # The viewer may list and watch...
+    assert viewer.get("/sessions").status_code == 200
+    assert viewer.get(f"/sessions/{session_id}").json()["status"] == "interrupted"
+    assert [i["interrupt_id"] for i in viewer.get("/interrupts").json()] == [item["interrupt_id"]]
+    assert streams(viewer, f"/sessions/{session_id}/events").next()["event"] == "ready"
+    # ...and gets 403 on everything that writes, which changes nothing.
+    writes = [
+        viewer.post("/sessions", json={}),
+        viewer.post(f"/sessions/{session_id}/messages", json={"content": "hi"}),
+        viewer.post(f"/sessions/{session_id}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}}),
+        viewer.delete(f"/sessions/{session_id}/grants/delete_file"),
+        viewer.delete(f"/sessions/{session_id}"),
+    ]
+    for response in writes:
+        assert response.status_code == 403, response.text
+        assert "'viewer' is read-only" in response.json()["detail"]
+    assert len(ops.get("/sessions").json()) == 1
+    assert ops.get(f"/sessions/{session_id}").json()["interrupts"][0]["interrupt_id"] == item["interrupt_id"]
+    assert resume(ops, session_id, item["interrupt_id"], {"approved": True, "reason": "checked"}).status_code == 200
+    ops.wait_for_status(session_id, "idle")
+    [record] = viewer.get(f"/sessions/{session_id}/audit").json()
+    assert record["by"] == "ops" and record["value"] == {"approved": True, "reason": "checked"}
+    assert record["payload"]["tool_args"] == {"path": "a"} and record["at"].endswith("Z") and record["turn_id"] == 1
+    assert plain.get(f"/sessions/{session_id}/audit").status_code == 401
+    assert ops.get("/sessions/00000000-0000-0000-0000-000000000000/audit").status_code == 404
+
+
+def test_a_bare_key_is_named_default(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(CALLS, "--api-key", OPS, env=env(sandbox)).with_headers({"Authorization": f"Bearer {OPS}"})
+    session_id = start(server, "delete_file a")
+    approve(server, session_id)
+    server.wait_for_status(session_id, "idle")
+    assert [r["by"] for r in server.get(f"/sessions/{session_id}/audit").json()] == ["default"]
+
+
+# -- webhooks ------------------------------------------------------------------------------
+
+
+def verify(secret: str, raw: bytes, headers: dict[str, str], tolerance: float = 300) -> bool:
+    """The README's verification snippet, as a receiver writes it."""
+    expected = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected.encode(), headers.get("x-motus-signature", "").encode("utf-8", "replace")):
+        return False
+    sent = int(headers.get("x-motus-timestamp", "0"))
+    return abs(time.time() - sent) <= tolerance and json.loads(raw).get("timestamp") == sent
+
+
+@pytest.fixture
+def sink() -> Iterator[WebhookSink]:
+    sink = WebhookSink()
+    yield sink
+    sink.close()
+
+
+def test_signed_webhooks_for_interrupts_verify_and_a_tampered_body_does_not(
+    start_server: Callable[..., Server], sandbox: Path, sink: WebhookSink
+) -> None:
+    secret = "whsec-" + "x" * 24
+    server = start_server(CALLS, env=env(sandbox, MOTUS_WEBHOOK_SECRET=secret))
+    session_id = server.create_session()
+    server.send(session_id, "delete_file a", webhook={"url": sink.url, "events": ["interrupted", "idle"]})
+    [first] = sink.wait_for(1)
+    assert first["body"]["status"] == "interrupted"
+    [shown] = first["body"]["interrupts"]
+    assert shown["payload"]["tool_name"] == "delete_file"
+    approve(server, session_id)
+    calls = sink.wait_for(2)
+    assert calls[1]["body"]["status"] == "idle" and calls[1]["body"]["response"]["content"] == "deleted a"
+    for call in calls:
+        assert verify(secret, call["raw"], call["headers"])
+        assert not verify("another secret", call["raw"], call["headers"])
+        tampered = call["raw"].replace(b"delete_file" if b"delete_file" in call["raw"] else b"idle", b"XXXXX")
+        assert tampered != call["raw"] and not verify(secret, tampered, call["headers"])
+    assert secret not in server.log()
+
+
+def test_the_default_webhook_events_stay_the_guides(start_server: Callable[..., Server], sandbox: Path, sink: WebhookSink) -> None:
+    server = start_server(CALLS, env=env(sandbox))
+    session_id = server.create_session()
+    server.send(session_id, "delete_file a", webhook={"url": sink.url})
+    approve(server, session_id)
+    [call] = sink.wait_for(1)
+    assert call["body"]["status"] == "idle" and "interrupts" not in call["body"]
+    assert "x-motus-signature" not in call["headers"]
+    bad = server.post(f"/sessions/{session_id}/messages", json={"content": "x", "webhook": {"url": sink.url, "events": ["sometimes"]}})
+    assert bad.status_code in (400, 422) and "events" in bad.json()["detail"]
+
+
+# -- the live turn -------------------------------------------------------------------------
+
+
+def test_a_waiting_session_shows_the_message_and_what_the_turn_did(
+    start_server: Callable[..., Server], sandbox: Path, fake_provider: FakeProvider
+) -> None:
+    fake_provider.script(
+        openai_tool_calls(("call_1", "touch", {"path": "old_logs.txt"}), content="I will remove the old logs."),
+        openai_text("Done."),
+    )
+    server = start_server(
+        "tests.agents.durable:files", env=env(sandbox, MOTUS_TEST_PROVIDER_URL=fake_provider.url, OPENROUTER_API_KEY="")
+    )
+    session_id = start(server, "please delete old_logs.txt")
+    [item] = pending(server, session_id)
+    turn = server.get(f"/sessions/{session_id}").json()["turn"]
+    assert turn["message"]["content"] == "please delete old_logs.txt" and turn["started_at"].endswith("Z")
+    model, interrupt = turn["steps"]  # the gate asks before the tool's body starts
+    assert model["kind"] == "model" and model["text"] == "I will remove the old logs."
+    assert model["tool_calls"] == [{"name": "touch", "arguments": {"path": "old_logs.txt"}}]
+    assert (interrupt["interrupt_id"], interrupt["status"]) == (item["interrupt_id"], "pending")
+    assert interrupt["payload"]["tool_args"] == {"path": "old_logs.txt"}
+    assert resume(server, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    done = server.wait_for_status(session_id, "idle")
+    assert "turn" not in done and done["response"]["content"] == "Done."

@@ -1,0 +1,1 @@
+"""Durable turns: the store, parking, replay, restarts and crashes, on SQLite."""

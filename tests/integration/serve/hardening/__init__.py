@@ -1,0 +1,1 @@
+"""Hardening: auth and limits, hostile bodies and hosts, slow clients, fuzzing, load with faults."""

@@ -1,0 +1,1 @@
+"""Several instances on one PostgreSQL database, and the PostgreSQL store and cluster fixture they rely on."""

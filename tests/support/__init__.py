@@ -1,0 +1,2 @@
+"""Helpers the tests share that are neither fixtures nor agents: a throwaway PostgreSQL cluster
+(``pg``) and scripted model providers on loopback (``fakes``)."""

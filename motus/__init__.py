@@ -10,7 +10,7 @@ The pieces most users touch:
 - ``motus.serve.AgentServer``: the HTTP server (``motus serve start module:attr``).
 """
 
-from motus.serve.journal import step
+from motus.durable.journal import step
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,9 @@ The pieces most users touch:
   replayed turn (after parking or a restart) gets its recorded result instead of running it
   again.
 - ``motus.serve.AgentServer``: the HTTP server (``motus serve start module:attr``).
+
+``import motus`` loads none of the server: ``step`` and ``interrupt`` live in
+``motus.durable`` (what runs inside a worker), which ``motus.serve.interrupt`` re-exports.
 """
 
 from motus.durable.journal import step

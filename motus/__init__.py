@@ -8,9 +8,12 @@ The pieces most users touch:
   replayed turn (after parking or a restart) gets its recorded result instead of running it
   again.
 - ``motus.serve.AgentServer``: the HTTP server (``motus serve start module:attr``).
+
+``import motus`` loads none of the server: ``step`` and ``interrupt`` live in
+``motus.durable`` (what runs inside a worker), which ``motus.serve.interrupt`` re-exports.
 """
 
-from motus.serve.journal import step
+from motus.durable.journal import step
 
 __version__ = "0.1.0"
 

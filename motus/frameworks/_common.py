@@ -48,7 +48,7 @@ async def ask_approvals(approvals: Sequence[Approval]) -> list[Answer]:
 
     A tool the session approved "for the session" earlier (``"remember": "session"``) is let
     through without asking, as for motus' own gated tools."""
-    from motus.serve.interrupt import interrupt, session_grants, was_asked
+    from motus.durable.interrupt import interrupt, session_grants, was_asked
 
     grants = session_grants()
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from motus.durable.journal import step
 from motus.frameworks._common import Answer, Approval, ask_approvals, finish, output_text, parse_arguments
 from motus.models import ChatMessage
 from motus.models.messages import FunctionCall, ToolCall
@@ -76,8 +77,6 @@ class OpenAIAgentsAgent:
     # -- the turn -------------------------------------------------------------------------
 
     async def run_turn(self, message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:
-        from motus.serve.journal import step
-
         items = to_input_items([*state, message])
         snapshot = await step("openai-agents: run", self._start, items)
         segment = 0

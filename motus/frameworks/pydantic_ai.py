@@ -33,6 +33,7 @@ import dataclasses
 import json
 from typing import Any
 
+from motus.durable.journal import step
 from motus.frameworks._common import Answer, Approval, ask_approvals, finish, output_text
 from motus.models import ChatMessage
 from motus.models.messages import FunctionCall, ToolCall
@@ -60,8 +61,6 @@ class PydanticAIAgent:
         return f"PydanticAIAgent({self.agent.name!r})"
 
     async def run_turn(self, message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMessage, list[ChatMessage]]:
-        from motus.serve.journal import step
-
         history = [item.model_dump(mode="json") for item in state]
         snapshot = await step("pydantic-ai: run", self._start, history, message.model_dump(mode="json"))
         segment = 0

@@ -46,6 +46,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from motus.durable.journal import current, digest
 from motus.models.base import ModelError
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,6 @@ class JsonTransport:
         Inside a served turn the call goes through the turn's journal: a replayed turn gets
         the recorded reply and the provider is not asked (or billed) again.
         """
-        from motus.serve.journal import current, digest
-
         journal = current()
         if journal is None:
             return self._post(path, body)

@@ -26,8 +26,8 @@ from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from motus.durable.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_depth_exceeds, key_with_lone_surrogate
 from motus.models import ChatMessage
-from motus.serve.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_depth_exceeds, key_with_lone_surrogate
 from motus.serve.origin import check_request
 
 from motus.serve.schemas import (

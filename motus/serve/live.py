@@ -23,9 +23,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from motus.serve.journal import unpack
-from motus.serve.jsonshape import json_depth_exceeds
-from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
+from motus.durable.journal import unpack
+from motus.durable.jsonshape import json_depth_exceeds
+from motus.durable.records import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
 
 #: Texts (model replies, tool results, arguments) are cut to this many characters.
 MAX_TEXT = 2000

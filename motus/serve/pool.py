@@ -69,12 +69,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
+from motus.durable.interrupt import EXIT_GRACE_SECONDS
+from motus.durable.records import Failure, Job, Result
 from motus.serve.errors import ServerUnavailable
-from motus.serve.interrupt import EXIT_GRACE_SECONDS
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.processes import WorkerProcess, launcher
 from motus.serve.zygote import wait_readable
-from motus.serve.protocol import Failure, Job, Result
 
 log = logging.getLogger(__name__)
 

@@ -36,13 +36,13 @@ from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any
 
+from motus.durable import interrupt as interrupt_module
+from motus.durable import journal as journal_module
+from motus.durable.interrupt import interrupt as _interrupt  # taken now: an agent's import may replace the module's name
+from motus.durable.journal import Journal
+from motus.durable.records import Ack, Failure, Interrupt, Job, Record, Result, Resume, unchanged_prefix
 from motus.models import ChatMessage
-from motus.serve import interrupt as interrupt_module
-from motus.serve.interrupt import interrupt as _interrupt  # taken now: an agent's import may replace the module's name
 from motus.serve.agents import check_turn_result, load_agent, run_agent_turn
-from motus.serve import journal as journal_module
-from motus.serve.journal import Journal
-from motus.serve.protocol import Ack, Failure, Interrupt, Job, Record, Result, Resume, unchanged_prefix
 
 log = logging.getLogger(__name__)
 

@@ -379,7 +379,7 @@ def _end_children(children: set[int], wake_r: int) -> None:
     """The server is gone or closing. A stopping server has ended its workers already; after
     a crash, children still running see their pipe close and get the same grace period a
     cancelled turn gets, then their groups are killed (their loop may be too busy to notice)."""
-    from motus.serve.interrupt import EXIT_GRACE_SECONDS
+    from motus.durable.interrupt import EXIT_GRACE_SECONDS
 
     deadline = time.monotonic() + EXIT_GRACE_SECONDS + 0.5
     _reap(children)
@@ -463,7 +463,7 @@ def _child(sock: socket.socket, ctl: socket.socket, wake: tuple[int, int], agent
         for fd in wake:
             os.close(fd)
         ctl.close()
-        from motus.serve.interrupt import flush_stdio as flush
+        from motus.durable.interrupt import flush_stdio as flush
         from motus.serve.worker import run_worker
 
         run_worker(Connection(sock.detach()), agent, load_error, forked_by_zygote=True)

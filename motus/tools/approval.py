@@ -94,7 +94,7 @@ def approval_gate(
     async def approval(**arguments: Any) -> dict[str, Any] | None:
         if callable(requires_approval) and not await call_with_declared(requires_approval, arguments):
             return None
-        from motus.serve.interrupt import interrupt, session_grants, was_asked  # worker-only machinery
+        from motus.durable.interrupt import interrupt, session_grants, was_asked  # worker-only machinery
 
         grants = session_grants()
         shown = to_jsonable_python(arguments)

@@ -38,9 +38,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from motus.guardrails import GuardrailTripped, Guardrail, run_tool_input_guardrails, run_tool_output_guardrails
-from motus.serve.journal import OutcomeUnknown, ReplayDiverged, Unrecordable, digest, pack
-from motus.serve.journal import current as current_journal
-from motus.serve.protocol import TOOL
+from motus.durable.journal import OutcomeUnknown, ReplayDiverged, tool_call
 from motus.tools.approval import EditedArguments, approval_gate
 from motus.tools.schema import (
     ToolArgumentsError,
@@ -70,12 +68,16 @@ def render_result(value: Any) -> str:
     return json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
 
 
+#: The module ``interrupt()`` runs in (named, not imported: it is worker-only machinery).
+_INTERRUPT_MODULE = "motus.durable.interrupt"
+
+
 def _raised_by_interrupt(exc: BaseException) -> bool:
-    """True when ``exc`` came out of ``motus.serve.interrupt`` (outside a worker, payload too
+    """True when ``exc`` came out of ``interrupt()`` (outside a worker, payload too
     large...): those end the turn as the spec says, they are not the tool's own failure."""
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_globals.get("__name__") == "motus.serve.interrupt":
+        if tb.tb_frame.f_globals.get("__name__") == _INTERRUPT_MODULE:
             return True
         tb = tb.tb_next
     return False
@@ -186,20 +188,10 @@ class Tool:
 
     async def _journaled_call(self, arguments: dict[str, Any]) -> Any:
         """Run the body through the turn's journal: a replay returns the recorded result,
-        and a gated tool's body never runs twice (see ``motus.serve.journal``)."""
-        journal = current_journal()
-        if journal is None:
-            return await self._call_function(arguments)
-        async def run() -> Any:
-            result = await self._call_function(arguments)
-            try:
-                pack(("ok", result))
-            except Unrecordable:
-                return render_result(result)  # what the model reads anyway; a replay gets the same
-            return result
-
-        key = f"{self.name}:{digest(arguments)}"
-        return await journal.call(TOOL, key, self.name, run, gated=bool(self.requires_approval))
+        and a gated tool's body never runs twice (see ``motus.durable.journal.tool_call``). A
+        result the journal cannot record is recorded as the text the model reads anyway."""
+        body = functools.partial(self._call_function, arguments)
+        return await tool_call(self.name, arguments, body, gated=bool(self.requires_approval), unrecordable=render_result)
 
     async def invoke(self, arguments: str | dict[str, Any] | None) -> str:
         """Run one model call of this tool and return the text the model reads.

@@ -1,5 +1,5 @@
 """An agent for ``tests/integration/serve/workers/test_forged_messages.py`` that writes messages of
-its own to the worker's pipe (through the channel ``motus.serve.interrupt`` installed for the
+its own to the worker's pipe (through the channel ``motus.durable.interrupt`` installed for the
 turn), as an agent's process can, then waits the way a worker of ours would after sending
 such a message: for an answer, or for the ``Ack`` of a record it asked to be acknowledged.
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 
 from motus.models import ChatMessage
-from motus.serve import interrupt as interrupt_module
+from motus.durable import interrupt as interrupt_module
 from motus.serve.interrupt import interrupt
-from motus.serve.protocol import TOOL, Interrupt, JournalEntry, Record
+from motus.durable.records import TOOL, Interrupt, JournalEntry, Record
 
 WAIT_SECONDS = 30.0
 

@@ -1,5 +1,5 @@
 """An agent for ``tests/integration/serve/workers/test_forged_message_attacks.py``: its process writes
-messages of its own to the worker's pipe (through the channel ``motus.serve.interrupt``
+messages of its own to the worker's pipe (through the channel ``motus.durable.interrupt``
 installed for the turn, or as raw bytes on the pipe's descriptor), as any agent's process
 can, alone or around real ``interrupt()`` calls. Served as
 ``tests.agents.forged_message_attack:attacker``.
@@ -72,10 +72,10 @@ from pathlib import Path
 from typing import Any
 
 from motus.models import ChatMessage
-from motus.serve import interrupt as interrupt_module
+from motus.durable import interrupt as interrupt_module
 from motus.serve.interrupt import interrupt
-from motus.serve.journal import pack
-from motus.serve.protocol import MODEL, STEP, TOOL, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
+from motus.durable.journal import pack
+from motus.durable.records import MODEL, STEP, TOOL, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume
 
 WAIT_SECONDS = 30.0
 

@@ -26,7 +26,7 @@ this code. Commands (``I``, ``N`` are integers):
 - ``keyorder I``: ``state[I].user_params`` gets its keys in reverse order (same values).
 
 ``hostile`` writes a ``Result`` of its own to the worker's pipe (through the channel
-``motus.serve.interrupt`` installed for the turn) before returning normally; the message is
+``motus.durable.interrupt`` installed for the turn) before returning normally; the message is
 ``hostile KIND`` and the forged ``Result`` carries ``state=[message, reply]`` (only the
 turn's own two messages) with ``kept`` bogus (``neg``, ``huge``, ``bool``, ``float``,
 ``str``, ``past`` = one past the job's state), or a ``state`` that is not a list of
@@ -52,9 +52,9 @@ import time
 from pathlib import Path
 
 from motus.models import ChatMessage
-from motus.serve import interrupt as interrupt_module
+from motus.durable import interrupt as interrupt_module
 from motus.serve.interrupt import interrupt
-from motus.serve.protocol import Failure, Result
+from motus.durable.records import Failure, Result
 
 GATE_LIMIT_SECONDS = 20.0
 

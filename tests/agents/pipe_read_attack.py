@@ -39,9 +39,9 @@ from typing import Any
 from multiprocessing.reduction import ForkingPickler
 
 from motus.models import ChatMessage
-from motus.serve import interrupt as interrupt_module
-from motus.serve.protocol import JournalEntry, Record, STEP, Interrupt, Result
-from motus.serve.journal import pack
+from motus.durable import interrupt as interrupt_module
+from motus.durable.records import JournalEntry, Record, STEP, Interrupt, Result
+from motus.durable.journal import pack
 
 WAIT_SECONDS = 30.0
 

@@ -214,8 +214,9 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
 # refuses to make loops), ``new_loop_raises`` (patches ``asyncio.new_event_loop``),
 # ``pickle_wrap`` / ``pickle_raises`` (patches ``pickle.dumps``), ``socketpair_wrap``,
 # ``uuid_const`` / ``uuid_raises`` / ``uuid_block`` (``uuid.uuid4`` never returns: the
-# rehearsal blocks), ``interrupt_sync`` / ``interrupt_async`` (replace
-# ``motus.serve.interrupt.interrupt``; the agent keeps the reference it imported above),
+# rehearsal blocks), ``interrupt_sync`` / ``interrupt_async`` (replace the name where it is
+# defined, ``motus.durable.interrupt.interrupt``, which the guide's ``motus.serve.interrupt``
+# re-exports; the agent keeps the reference it imported above),
 # ``claim_hang`` (every interrupt's journal claim awaits forever: the rehearsal's pause never
 # reaches its answer), ``thread`` (a thread that keeps running), ``sigchld``,
 # ``sigalrm`` (a handler and a 2 ms interval timer), ``close_std`` (closes 0-2),
@@ -228,7 +229,7 @@ def _hostile_import(what: str) -> None:
     import threading
     import uuid
 
-    import motus.serve.interrupt as interrupt_module
+    import motus.durable.interrupt as interrupt_module
 
     if what in ("policy_subclass", "policy_raises"):
         class Loop(asyncio.SelectorEventLoop):
@@ -275,7 +276,7 @@ def _hostile_import(what: str) -> None:
 
         interrupt_module.interrupt = auto
     elif what == "claim_hang":
-        from motus.serve.journal import Journal
+        from motus.durable.journal import Journal
 
         async def never(self, kind, key, label):
             await asyncio.Event().wait()

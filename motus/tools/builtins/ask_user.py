@@ -65,7 +65,7 @@ AskUserQuestionSchema = AskUserQuestionInput
 
 @tool(name="ask_user_question", schema=AskUserQuestionInput)
 async def ask_user_question(request: AskUserQuestionInput) -> dict[str, Any]:
-    from motus.serve.interrupt import interrupt  # worker-only machinery, imported when needed
+    from motus.durable.interrupt import interrupt  # worker-only machinery, imported when needed
 
     questions = [question.model_dump(exclude_none=True) for question in request.questions]
     value = await interrupt({"type": "user_input", "questions": questions})

@@ -1,4 +1,4 @@
-"""The worker-side turn journal (``motus.serve.journal``) as a pure object, and ``motus.step``.
+"""The worker-side turn journal (``motus.durable.journal``) as a pure object, and ``motus.step``.
 
 A ``Journal`` talks to the server only through its channel; here the channel is ``None`` or
 ``RecordingChannel``, a stand-in that records what would go over the pipe and acknowledges a
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 import motus
-from motus.serve import journal as journal_module
-from motus.serve.journal import Journal, OutcomeUnknown, ReplayDiverged, digest, pack, unpack
-from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry, Record
+from motus.durable import journal as journal_module
+from motus.durable.journal import Journal, OutcomeUnknown, ReplayDiverged, digest, pack, unpack
+from motus.durable.records import INTERRUPT, MODEL, STEP, TOOL, JournalEntry, Record
 
 
 class RecordingChannel:
@@ -454,3 +454,60 @@ def test_every_new_call_is_marked_started_and_a_rerun_keeps_its_seq_and_children
     assert asyncio.run(later.call(TOOL, "ask:1", "ask", never_awaited)) == "answered"
     later.finish()
     assert later.diverged is None
+
+
+# -- tool_call: the one journaled tool call of @tool and the framework runners ------------------
+
+
+def test_tool_call_is_one_tool_record_keyed_by_name_and_arguments_and_replays(installed: None) -> None:
+    calls: list[int] = []
+
+    async def lookup() -> dict[str, int]:
+        calls.append(1)
+        return {"found": 3}
+
+    channel = RecordingChannel()
+    journal_module._install(Journal((), channel))
+    assert asyncio.run(journal_module.tool_call("lookup", {"q": "x"}, lookup, gated=False)) == {"found": 3}
+    [started], [record] = channel.started, channel.sent
+    assert (record.entry.kind, record.entry.key, record.entry.label) == (TOOL, f"lookup:{digest({'q': 'x'})}", "lookup")
+    assert started.entry.seq == record.entry.seq and channel.acked == []
+
+    journal_module._install(Journal([record.entry], RecordingChannel()))
+    assert asyncio.run(journal_module.tool_call("lookup", {"q": "x"}, never_awaited, gated=False)) == {"found": 3}
+    assert calls == [1]
+
+
+def test_a_gated_tool_call_is_acknowledged_first_and_never_run_again_after_a_stop(installed: None) -> None:
+    channel = RecordingChannel()
+    journal_module._install(Journal((), channel))
+    assert asyncio.run(journal_module.tool_call("delete", {"path": "a"}, returning("deleted"), gated=True)) == "deleted"
+    [mark] = channel.acked
+    assert (mark.entry.kind, mark.entry.done) == (TOOL, False)
+
+    journal_module._install(Journal([mark.entry], RecordingChannel()))  # the server stopped inside the body
+    with pytest.raises(OutcomeUnknown, match="^Outcome unknown: the server stopped while delete was running$"):
+        asyncio.run(journal_module.tool_call("delete", {"path": "a"}, never_awaited, gated=True))
+
+
+def test_an_unrecordable_tool_result_is_replaced_only_inside_a_turn(installed: None) -> None:
+    """With ``unrecordable``, a result the journal cannot record is returned and recorded as
+    its replacement, so a replay gets the same; outside a turn the result comes back as it is.
+    Without it the result is returned, and a replay fails there, saying why."""
+    lock = threading.Lock()  # cannot be pickled
+
+    async def body() -> object:
+        return lock
+
+    assert asyncio.run(journal_module.tool_call("make", {}, body, gated=False, unrecordable=repr)) is lock
+
+    channel = RecordingChannel()
+    journal_module._install(Journal((), channel))
+    assert asyncio.run(journal_module.tool_call("make", {}, body, gated=False, unrecordable=repr)) == repr(lock)
+    assert unpack(channel.sent[0].entry.value) == repr(lock)
+
+    plain = RecordingChannel()
+    journal_module._install(Journal((), plain))
+    assert asyncio.run(journal_module.tool_call("make", {}, body, gated=False)) is lock
+    with pytest.raises(journal_module.Unrecordable, match="^make cannot be replayed: its result lock could not be recorded"):
+        unpack(plain.sent[0].entry.value)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from motus.serve.journal import pack
+from motus.durable.journal import pack
+from motus.durable.records import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
 from motus.serve.live import MAX_TEXT, describe_step, describe_turn, model_reply
-from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
 from motus.serve.streams import isoformat
 
 MESSAGE = {"role": "user", "content": "clean up"}

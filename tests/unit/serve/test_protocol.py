@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from motus.serve.journal import pack
-from motus.serve.protocol import INTERRUPT, MODEL, STEP, TOOL, Ack, Failure, Interrupt, JournalEntry, Record, Result, message_problem
+from motus.durable.journal import pack
+from motus.durable.records import INTERRUPT, MODEL, STEP, TOOL, Ack, Failure, Interrupt, JournalEntry, Record, Result, message_problem
 
 PAYLOAD = {"type": "tool_approval", "tool_name": "delete_file", "arguments": {"path": "a"}}
 

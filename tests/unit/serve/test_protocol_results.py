@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from motus.serve.protocol import Result, result_problem, resulting_state, unchanged_prefix
+from motus.durable.records import Result, result_problem, resulting_state, unchanged_prefix
 
 A, B, C, D = ({"role": "user", "content": x} for x in "abcd")
 REPLY = {"role": "assistant", "content": "r"}

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from motus.serve import interrupt as interrupt_module
-from motus.serve import journal as journal_module
+from motus.durable import interrupt as interrupt_module
+from motus.durable import journal as journal_module
 from motus.serve import worker
-from motus.serve.interrupt import interrupt
+from motus.durable.interrupt import interrupt
 
 
 def test_the_rehearsal_pauses_is_resumed_and_leaves_nothing_behind() -> None:

@@ -275,3 +275,44 @@ def test_errors_raised_by_interrupt_inside_a_tool_propagate() -> None:
 
     with pytest.raises(RuntimeError, match="outside motus serve worker"):
         run(ask.invoke({}))
+
+
+def test_a_tool_call_in_a_turn_is_journaled_and_an_unrecordable_result_is_kept_as_its_text() -> None:
+    """``Tool.invoke`` records through ``motus.durable.journal.tool_call`` (one TOOL record,
+    keyed by name and validated arguments); a result the journal cannot pickle is recorded
+    as the text the model reads, while outside a turn the output guardrails get the object."""
+    from motus.durable import journal as journal_module
+    from motus.durable.journal import Journal, digest, unpack
+    from motus.durable.records import TOOL
+
+    lock = threading.Lock()
+    seen: list[object] = []
+
+    def note(result: object) -> None:
+        seen.append(result)
+
+    @tool(output_guardrails=[note])
+    def make(n: int) -> object:
+        """Make one."""
+        return lock
+
+    class Channel:
+        def __init__(self) -> None:
+            self.records: list = []
+
+        def send(self, message: object) -> None:
+            self.records.append(message)
+
+    assert run(make.invoke({"n": "2"})) == render_result(lock)
+    assert seen == [lock]
+
+    channel = Channel()
+    journal_module._install(Journal((), channel))  # type: ignore[arg-type]
+    try:
+        assert run(make.invoke({"n": "2"})) == render_result(lock)
+    finally:
+        journal_module._install(None)
+    assert seen == [lock, render_result(lock)]
+    done = [record.entry for record in channel.records if record.entry.done]
+    assert [(entry.kind, entry.key, entry.label) for entry in done] == [(TOOL, f"make:{digest({'n': 2})}", "make")]
+    assert unpack(done[0].value) == render_result(lock)

@@ -43,7 +43,7 @@ if "MOTUS_AGENT" not in os.environ:
     raise SystemExit("Set MOTUS_AGENT to the agent's import path, e.g. MOTUS_AGENT=examples.serving.hitl_agent:agent")
 
 if "gunicorn" in sys.modules:
-    from motus.serve.gunicorn_app import claim_single_worker
+    from motus.serve.gunicorn import claim_single_worker
 
     claim_single_worker()
 

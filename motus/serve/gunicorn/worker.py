@@ -160,7 +160,7 @@ class MotusWorker(WorkerSeam):
             # Signal handler context: do the locking work on a fresh thread.
             threading.Thread(target=server.begin_shutdown, name="motus-begin-shutdown", daemon=True).start()
 
-    #: Set by ``_worker_exit`` when the server's shutdown begins.
+    #: Set by the ``worker_exit`` hook (``app.worker_exit``) when the server's shutdown begins.
     motus_exiting = False
 
     def handle_quit(self, sig: int, frame: Any) -> None:

@@ -203,7 +203,7 @@ def serve() -> None:
 @server_options
 def start(**opts: Any) -> None:
     """Serve AGENT (module.path:attribute) with gunicorn: one process, many threads."""
-    from motus.serve.gunicorn_app import run_gunicorn
+    from motus.serve.gunicorn import run_gunicorn
 
     configure_logging(opts["log_level"], opts["log_format"])
     given = list(opts["api_keys"]) or [key for key in os.environ.get(ENV_VAR_API_KEY, "").split(",") if key.strip()]

@@ -248,7 +248,7 @@ class AgentServer:
         """Under gunicorn, make sure this is the only worker serving these sessions."""
         if "gunicorn" not in sys.modules:
             return
-        from motus.serve.gunicorn_app import claim_single_worker
+        from motus.serve.gunicorn import claim_single_worker
 
         try:
             claim_single_worker()
@@ -321,7 +321,7 @@ class AgentServer:
         """Serve with gunicorn (one process, ``threads`` request threads) until stopped;
         ``host`` and ``threads`` default to the server's own (other ``threads`` re-budget
         long polls and event streams as ``--threads`` does)."""
-        from motus.serve.gunicorn_app import run_gunicorn
+        from motus.serve.gunicorn import run_gunicorn
 
         if multiprocessing.current_process().name in (WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME):
             # The workers of an agent defined in the main script run that script again; an

@@ -27,7 +27,7 @@ from motus.serve.config import agent_from_env, server_from_env
 
 agent_from_env(os.environ)  # before anything else, as the one thing that must be set
 if "gunicorn" in sys.modules:
-    from motus.serve.gunicorn_app import claim_single_worker
+    from motus.serve.gunicorn import claim_single_worker
 
     claim_single_worker()
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from motus.serve.gunicorn_app import MotusWorker
+from motus.serve.gunicorn import MotusWorker
 
 
 # == the heartbeat ===========================================================================
@@ -33,7 +33,7 @@ def test_the_heartbeat_is_never_older_than_a_second_plus_one_pass(monkeypatch: p
     worker_ = MotusWorker.__new__(MotusWorker)
     worker_._notified_at = float("-inf")
     worker_.tmp = _Tmp()
-    monkeypatch.setattr("motus.serve.gunicorn_app.time.monotonic", lambda: _clock[0])
+    monkeypatch.setattr("motus.serve.gunicorn.worker.time.monotonic", lambda: _clock[0])
     rng = random.Random(7)
     _clock[0] = 1000.0
     gaps = [rng.uniform(0, 1.0) for _ in range(2000)] + [50.0] + [rng.uniform(0, 0.01) for _ in range(500)] + [1.0] * 20

@@ -260,7 +260,7 @@ def test_the_gunicorn_worker_ends_without_running_the_arbiters_exit_handlers(sta
     """The gunicorn worker is a fork of the arbiter, which imported the agent: an ``atexit``
     handler the agent's module registered is the arbiter's to run, once, not the worker's
     too. The worker ends with ``os._exit`` once its server has shut down (see
-    ``gunicorn_app._end_worker_process``); its status and its last log line survive that."""
+    ``motus.serve.gunicorn.app.end_worker_process``); its status and its last log line survive that."""
     record = tmp_path / "exits.txt"
     server = start_server("tests.agents.stop_attack:echo", env={"MOTUS_TEST_EXIT_RECORD": str(record)})
     [worker] = [child for child in psutil.Process(server.process.pid).children() if "serve" in child.cmdline()]

@@ -1,0 +1,207 @@
+"""Answers written without waiting on the client: the socket stand-in a request thread writes to.
+
+Owns ``Answer``: what a thread writes goes to the socket at once when the socket takes it, and
+what it does not take is kept (up to ``MAX_HELD_ANSWER``, within the worker's total) for the
+main loop to send; past those limits the thread writes itself, under a deadline.
+
+Guarantees: a client that does not read its answer holds no thread beyond ``--read-timeout``
+plus a second per ``ANSWER_MIN_RATE`` bytes; every byte kept is counted in the worker's total
+(``Budget``) and uncounted when sent or discarded. Threads: the serving thread writes while it
+serves; afterwards only the main loop touches the answer (``flush``, ``deadline``,
+``discard``). No gunicorn internals are touched here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from collections import deque
+from itertools import islice
+from typing import Any, Protocol
+
+#: Bytes all connections together may hold in the worker: requests being read (heads
+#: included) and answers waiting for their client. Raised to four bodies of the largest size
+#: when ``--max-request-bytes`` is larger. A body still arriving when the total is over it is
+#: answered 413 with ``Retry-After``; an answer that would take it over is written by its
+#: thread (see ``Answer``).
+MAX_BUFFERED_TOTAL = 64 * 1024 * 1024
+#: The largest answer the main loop sends for a thread; a larger one is written by its thread.
+MAX_HELD_ANSWER = 8 * 1024 * 1024
+#: A client has ``--read-timeout`` seconds, plus one second per this many bytes, to take an
+#: answer; then its connection is closed.
+ANSWER_MIN_RATE = 256 * 1024
+
+_WRITE_PIECE = 256 * 1024
+_IOV_BATCH = 64
+
+
+class Budget(Protocol):
+    """What an answer needs of its worker: the client's time, and the count of held bytes."""
+
+    read_timeout: float
+
+    def hold_bytes(self, size: int) -> bool: ...
+
+    def add_buffered(self, size: int) -> None: ...
+
+    def tally(self, what: str) -> None: ...
+
+
+class AnswerTimedOut(BrokenPipeError):
+    """The client did not take its answer in time (gunicorn ends the connection quietly,
+    as for a broken pipe)."""
+
+
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+
+class Answer:
+    """Stands in for the client's socket while a thread serves a request.
+
+    What the thread writes (the status line, headers, body, a file, the events of a stream)
+    goes to the socket at once when the socket takes it without waiting; what it does not
+    take is kept, up to ``MAX_HELD_ANSWER`` and while the worker's total allows, and sent by
+    the main loop once the thread is done. So a client that does not read its answer holds
+    no thread. Past those limits the thread writes itself, each write under a deadline of
+    ``--read-timeout`` plus a second per ``ANSWER_MIN_RATE`` bytes (then ``AnswerTimedOut``).
+    Anything else (``shutdown``, ``close``, ``setblocking``...) goes to the socket.
+    """
+
+    def __init__(self, sock: socket.socket, worker: Budget) -> None:
+        self._sock = sock
+        self._worker = worker
+        self.parts: deque[bytes | memoryview] = deque()
+        self.held = 0  # bytes in parts, counted in the worker's total
+        self.direct = not _DONTWAIT  # writing with blocking calls (keeps nothing)
+        self.failed = False  # cut off mid-answer: nothing more may be sent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if self.failed:
+            raise BrokenPipeError(errno.EPIPE, "the answer was cut off")
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if not data:
+            return
+        try:
+            self._sendall(data)
+        except OSError:
+            self.failed = True
+            raise
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        if not self.direct:
+            view = memoryview(data)
+            if self.parts:
+                self._send(_DONTWAIT)
+            if not self.parts:
+                try:
+                    sent = self._sock.send(view, _DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                if sent == len(view):
+                    return
+                view = view[sent:]
+            if self.held + len(view) <= MAX_HELD_ANSWER and self._worker.hold_bytes(len(view)):
+                self.parts.append(view)
+                self.held += len(view)
+                return
+            # Too much for the main loop to keep: from here on, this thread writes.
+            self.direct = True
+            self._write_held()
+            data = view
+        self._write([data])
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self.sendall(data)
+        return len(data)
+
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        """Read the file into the answer (``socket.sendfile`` would block the thread on a
+        client that does not read, whatever the socket's timeout says)."""
+        fd = file.fileno()
+        left = os.fstat(fd).st_size - offset if count is None else count
+        sent = 0
+        while left > 0:
+            piece = os.pread(fd, min(left, _WRITE_PIECE), offset + sent)
+            if not piece:
+                break
+            self.sendall(piece)
+            sent += len(piece)
+            left -= len(piece)
+        return sent
+
+    def _write_held(self) -> None:
+        parts, self.parts = list(self.parts), deque()
+        self._worker.add_buffered(-self.held)
+        self.held = 0
+        self._write(parts)
+
+    def _write(self, parts: list[Any]) -> None:
+        """Blocking writes, all of ``parts`` within one deadline."""
+        size = sum(len(part) for part in parts)
+        deadline = time.monotonic() + self._worker.read_timeout + size / ANSWER_MIN_RATE
+        sock = self._sock
+        try:
+            for part in parts:
+                view = memoryview(part)
+                for start in range(0, len(view), _WRITE_PIECE):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    sock.settimeout(remaining)
+                    sock.sendall(view[start:start + _WRITE_PIECE])
+        except TimeoutError:
+            self._worker.tally("unread")
+            raise AnswerTimedOut(errno.EPIPE, "the client did not take its answer in time") from None
+        finally:
+            try:
+                sock.settimeout(None)
+            except OSError:
+                pass
+
+    # -- both -----------------------------------------------------------------------------------
+
+    def _send(self, flags: int) -> bool:
+        """Send held parts while the socket takes them; True once none is left. Raises
+        ``OSError`` when the connection is gone."""
+        parts = self.parts
+        sock = self._sock
+        while parts:
+            try:
+                sent = sock.sendmsg(list(islice(parts, _IOV_BATCH)), (), flags)
+            except (BlockingIOError, InterruptedError):
+                return False
+            self._worker.add_buffered(-sent)
+            self.held -= sent
+            while sent:
+                first = parts[0]
+                if sent >= len(first):
+                    sent -= len(first)
+                    parts.popleft()
+                else:
+                    parts[0] = memoryview(first)[sent:]
+                    sent = 0
+        return True
+
+    # -- the main loop ----------------------------------------------------------------------
+
+    def deadline(self) -> float:
+        return time.monotonic() + self._worker.read_timeout + self.held / ANSWER_MIN_RATE
+
+    def flush(self) -> bool:
+        """Send what the (non-blocking) socket takes now; True once all is sent."""
+        return self._send(0)
+
+    def discard(self) -> None:
+        self.parts.clear()
+        self._worker.add_buffered(-self.held)
+        self.held = 0
+
+

@@ -1,0 +1,483 @@
+"""The gunicorn worker motus serves with: gthread, but no request thread waits on a client.
+
+Owns ``MotusWorker`` (``-k motus.serve.gunicorn.MotusWorker``; the old path
+``motus.serve.gunicorn_app.MotusWorker`` still works): its main loop reads each request whole
+(``framing``) before a thread sees it, hands the thread's answer to the main loop when the
+client does not take it at once (``answer``), lingers before closing, and keeps every deadline;
+and its signal handling, which starts and hurries the motus server's shutdown.
+
+Guarantees (see ``MotusWorker`` for how):
+
+- A request that has not arrived ``--read-timeout`` seconds after it began (a new connection:
+  when it was accepted; a kept-alive one: when its next request began) is answered 408 and
+  dropped, however steadily it trickles; one past a limit or with framing that cannot be read
+  safely gets a 4xx that names the problem.
+- A thread never waits to write its answer: what the socket does not take at once is sent by
+  the main loop, and a client that does not take it within ``--read-timeout`` (plus a second
+  per 256 KiB) is disconnected. Memory held for clients is bounded (``MAX_BUFFERED_TOTAL``).
+- On SIGTERM the long polls are released at once (``begin_shutdown`` on a fresh thread); a
+  SIGQUIT/SIGINT during the server's shutdown hurries it instead of raising into it.
+
+Threads: the tables of connections being read, written and closed (``_reading``,
+``_writing``, ``_lingering``) belong to the main loop; a request thread touches only its own
+connection and, under ``_buffered_lock``, the byte count and the drop counts. gunicorn's
+internals are reached only through ``private`` (``WorkerSeam`` and its helpers).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import selectors
+import socket
+import threading
+import time
+from functools import partial
+from typing import Any
+
+from motus.serve.gunicorn.answer import MAX_BUFFERED_TOTAL, Answer
+from motus.serve.gunicorn.framing import (
+    DEFAULT_MAX_BODY,
+    Limits,
+    Refused,
+    RequestReader,
+    status_answer,
+    timeout_detail,
+)
+from motus.serve.gunicorn.private import (
+    HeldRequest,
+    WorkerSeam,
+    body_failed,
+    client_of,
+    forget_message,
+    is_held,
+    restore_socket,
+    serving_from,
+    socket_of,
+    take_buffered,
+)
+
+log = logging.getLogger(__name__)
+
+#: The read timeout when none is given (``--read-timeout``; ``$MOTUS_READ_TIMEOUT`` when the
+#: worker class is used from gunicorn's own command line).
+DEFAULT_READ_TIMEOUT = 10.0
+#: After an answer that closes the connection, how long (and how many bytes) the worker
+#: reads what the client still sends before closing, so that the close does not reset the
+#: connection under an answer the client has not read yet (RFC 9112 9.6).
+LINGER_SECONDS = 2.0
+LINGER_MAX_BYTES = 64 * 1024
+#: How often the worker logs the clients it dropped or refused (one line for all of them).
+DROP_LOG_INTERVAL = 60.0
+
+_READ_CHUNK = 64 * 1024
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def server_of(worker: Any) -> Any:
+    """The motus server a gunicorn worker serves (``None`` before the app is loaded, or for
+    an application that is not motus')."""
+    app = getattr(worker, "wsgi", None)
+    extensions = getattr(app, "extensions", {})
+    return extensions.get("motus")
+
+
+def configured_read_timeout(app: Any) -> float:
+    value = getattr(app, "motus_read_timeout", None)
+    if value is None:
+        try:
+            value = float(os.environ.get("MOTUS_READ_TIMEOUT", DEFAULT_READ_TIMEOUT))
+        except ValueError:
+            log.warning("Ignoring MOTUS_READ_TIMEOUT=%r: not a number of seconds", os.environ["MOTUS_READ_TIMEOUT"])
+            value = DEFAULT_READ_TIMEOUT
+    return value if value > 0 else DEFAULT_READ_TIMEOUT
+
+
+class MotusWorker(WorkerSeam):
+    """gthread worker whose request threads never wait on a client.
+
+    gunicorn's gthread worker hands a connection to a thread as soon as it is readable; the
+    thread then reads the request and writes the answer with blocking calls, so a client that
+    sends a byte now and then, or that does not read its answer, holds a thread for as long
+    as it likes: with ``--threads`` such connections, nobody else is served. Here the main
+    loop (a selector, no threads) does the waiting:
+
+    - It reads each request until it is complete (``RequestReader``) and only then hands it
+      to a thread, which parses it from memory (``HeldRequest``). A request still
+      incomplete at its deadline is answered 408 and closed; one past a limit (head, body,
+      framing) is answered with a 4xx naming the problem.
+    - The thread writes its answer without waiting (``Answer``): what the socket does not
+      take at once is kept and sent by the main loop, which closes the connection of a
+      client that does not take it in time.
+    - Idle connections (new, or kept alive between requests) and connections being closed
+      (``_linger``) wait in the selector too.
+
+    Not covered (motus configures none of them): TLS, HTTP/2 and the PROXY protocol keep
+    gunicorn's behaviour. Put a reverse proxy in front in production anyway: it also caps
+    connections per client, which no timeout does.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read_timeout = configured_read_timeout(self.app)
+        cfg = self.cfg
+        self._read_in_loop = not cfg.is_ssl and getattr(cfg, "http2_cleartext", "off") in ("off", None, False) and getattr(cfg, "proxy_protocol", "off") in ("off", None, False)
+        self._limits = Limits(cfg, DEFAULT_MAX_BODY)
+        self._budget = MAX_BUFFERED_TOTAL
+        self._reading: dict[Any, RequestReader] = {}  # insertion order is deadline order
+        self._writing: dict[Any, tuple[Answer, Any, float]] = {}  # answers the main loop sends
+        self._lingering: dict[Any, list[float]] = {}  # [deadline, bytes drained]; deadline order
+        self._buffered = 0  # bytes held for clients: requests being read, answers being sent
+        self._buffered_lock = threading.Lock()
+        self._counts = {"timed out": 0, "refused": 0, "unread": 0}
+        self._counts_logged_at = -math.inf
+        self._notified_at = -math.inf
+
+    #: gunicorn's loop tells the arbiter it is alive on every pass, with a ``utime()`` of a
+    #: file each time: two or three a turn under load. The arbiter gives a silent worker
+    #: ``timeout`` (60 s), so once a second is plenty.
+    NOTIFY_EVERY_SECONDS = 1.0
+
+    def notify(self) -> None:
+        now = time.monotonic()
+        if now - self._notified_at >= self.NOTIFY_EVERY_SECONDS:
+            self._notified_at = now
+            super().notify()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        config = getattr(self.wsgi, "config", None)
+        limit = config.get("MAX_CONTENT_LENGTH") if isinstance(config, dict) else None
+        self._limits = Limits(self.cfg, int(limit) if limit else DEFAULT_MAX_BODY)
+        self._budget = max(MAX_BUFFERED_TOTAL, 4 * self._limits.max_body)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        first = self.alive  # the arbiter sends SIGTERM again while it waits: act on the first
+        super().handle_exit(sig, frame)
+        server = server_of(self)
+        if first and server is not None:
+            # Signal handler context: do the locking work on a fresh thread.
+            threading.Thread(target=server.begin_shutdown, name="motus-begin-shutdown", daemon=True).start()
+
+    #: Set by the ``worker_exit`` hook (``app.worker_exit``) when the server's shutdown begins.
+    motus_exiting = False
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        """SIGQUIT or SIGINT: gunicorn's quick stop. Running turns are not waited for: they
+        are treated as at the end of ``--shutdown-timeout`` (replayed at the next start, or
+        cancelled with their webhooks). gunicorn's own handler raises ``SystemExit`` wherever
+        the main thread is; once the server's shutdown is under way that would cut it short
+        (no cancellation, no webhooks, the store left open), so then this only hurries it."""
+        server = server_of(self)
+        if server is not None:
+            server.hurry_shutdown()
+        if not self.motus_exiting:
+            super().handle_quit(sig, frame)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def add_buffered(self, size: int) -> None:
+        if size:
+            with self._buffered_lock:
+                self._buffered += size
+
+    def hold_bytes(self, size: int) -> bool:
+        """Count ``size`` more bytes held for a client, if the total allows."""
+        with self._buffered_lock:
+            if self._buffered + size > self._budget:
+                return False
+            self._buffered += size
+            return True
+
+    def _buffered_total(self) -> int:
+        with self._buffered_lock:
+            return self._buffered
+
+    def tally(self, what: str) -> None:
+        with self._buffered_lock:
+            self._counts[what] += 1
+
+    def _log_counts(self, now: float) -> None:
+        if now - self._counts_logged_at < DROP_LOG_INTERVAL:
+            return
+        with self._buffered_lock:
+            counts = dict(self._counts)
+            for key in self._counts:
+                self._counts[key] = 0
+        parts = []
+        if counts["timed out"]:
+            parts.append(f"dropped {counts['timed out']} client(s) that did not send their request within {self.read_timeout:g} s (--read-timeout)")
+        if counts["refused"]:
+            parts.append(f"refused {counts['refused']} request(s) past a limit or with malformed framing")
+        if counts["unread"]:
+            parts.append(f"closed {counts['unread']} connection(s) whose client did not take its answer in time")
+        if parts:
+            text = "; ".join(parts)
+            self.log.warning("%s; a reverse proxy in front of motus can absorb slow clients", text[0].upper() + text[1:])
+            self._counts_logged_at = now
+
+    # -- the main loop: read requests without a thread ---------------------------------------
+
+    def motus_enqueue(self, conn: Any) -> None:
+        """Every way a connection reaches the thread pool (new, kept alive and readable,
+        pipelined) comes here, in the main thread: read its request first."""
+        if not self._read_in_loop:
+            self.gunicorn_enqueue(conn)
+            return
+        # A kept-alive connection may hold the start of its next request already.
+        leftover = getattr(conn, "motus_leftover", b"")
+        conn.motus_leftover = b""
+        leftover += take_buffered(conn)
+        socket_of(conn).setblocking(False)
+        reader = RequestReader(time.monotonic() + self.read_timeout, self._limits, leftover)
+        self.add_buffered(len(reader.buf))
+        self._reading[conn] = reader
+        self._advance(conn, reader, recv=True)
+
+    def _on_readable(self, conn: Any, _sock: Any) -> None:
+        reader = self._reading.get(conn)
+        if reader is not None:
+            self._advance(conn, reader, recv=True)
+
+    def _advance(self, conn: Any, reader: RequestReader, recv: bool = False) -> None:
+        size = len(reader.buf)
+        gone = False
+        if recv:
+            try:
+                data: bytes | None = socket_of(conn).recv(_READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                data, gone = None, True
+            if data == b"":
+                gone = True  # the client is gone, or half-closed: serve what is complete
+            elif data:
+                reader.buf += data
+        try:
+            state = reader.state()
+            if state == reader.WAITING and reader.body_pending and self._buffered_total() + len(reader.buf) - size > self._budget:
+                raise Refused(
+                    413,
+                    f"Request body not accepted now: the server already holds {self._budget // 2**20} MiB of "
+                    "other requests and answers; retry later",
+                    (("Retry-After", str(max(1, math.ceil(self.read_timeout)))),),
+                )
+        except Refused as refusal:
+            self.add_buffered(len(reader.buf) - size)
+            self._refuse(conn, reader, refusal)
+            return
+        self.add_buffered(len(reader.buf) - size)
+        if state == reader.READY:
+            self._hand_over(conn, reader)
+            return
+        if gone:
+            self._drop(conn, reader)
+            return
+        if reader.take_continue() and not self._send_nowait(conn, _CONTINUE):
+            # The client waits for a 100 Continue before its body: sent from here, so the
+            # body arrives here too.
+            self._drop(conn, reader)
+            return
+        if not reader.registered:
+            self.watch(conn, selectors.EVENT_READ, partial(self._on_readable, conn))
+            reader.registered = True
+
+    def _hand_over(self, conn: Any, reader: RequestReader) -> None:
+        self._forget(conn, reader)
+        data = reader.buf
+        end = reader.end
+        if end < len(data):
+            conn.motus_leftover = bytes(data[end:])  # a pipelined request: read after this one
+            self.add_buffered(end - len(data))
+            del data[end:]
+        conn.motus_request = data  # the thread takes it, and releases its count
+        self.gunicorn_enqueue(conn)
+
+    def _forget(self, conn: Any, reader: RequestReader) -> None:
+        del self._reading[conn]
+        if reader.registered:
+            self.unwatch(conn)
+            reader.registered = False
+
+    def _drop(self, conn: Any, reader: RequestReader, timed_out: bool = False) -> None:
+        self._forget(conn, reader)
+        self.add_buffered(-len(reader.buf))
+        if timed_out and reader.begun:
+            # A request had begun: tell the client why (best effort; it may not be reading).
+            self._send_nowait(conn, status_answer(408, f"Request Timeout: {timeout_detail(self.read_timeout)}"))
+            self.tally("timed out")
+        self.close_connection(conn)
+
+    def _refuse(self, conn: Any, reader: RequestReader, refusal: Refused) -> None:
+        self._forget(conn, reader)
+        self.add_buffered(-len(reader.buf))
+        self.tally("refused")
+        self.log.debug("Refused a request from %s: %s %s", client_of(conn), refusal.status, refusal.detail)
+        self._send_nowait(conn, status_answer(refusal.status, refusal.detail, refusal.headers))
+        self._linger(conn)
+
+    @staticmethod
+    def _send_nowait(conn: Any, data: bytes) -> bool:
+        try:
+            return socket_of(conn).send(data) == len(data)
+        except OSError:
+            return False
+
+    # -- the main loop: send answers, close connections --------------------------------------
+
+    def motus_finish(self, conn: Any, fs: Any) -> None:
+        answer: Answer | None = getattr(conn, "motus_answer", None)
+        if answer is None:
+            self.gunicorn_finish(conn, fs)
+            return
+        conn.motus_answer = None
+        try:
+            result = fs.result() if not fs.cancelled() else False
+        except Exception:  # handle() catches everything; a bug must still close the connection
+            self.log.exception("Error serving a request")
+            result = False
+        try:
+            if answer.failed:
+                raise BrokenPipeError
+            socket_of(conn).setblocking(False)
+            done = answer.flush()
+        except OSError:
+            answer.discard()
+            self.close_connection(conn)
+            return
+        if done:
+            self._after_answer(conn, fs, result)
+            return
+        self._writing[conn] = (answer, result, answer.deadline())
+        self.watch(conn, selectors.EVENT_WRITE, partial(self._on_writable, conn, fs))
+
+    def _on_writable(self, conn: Any, fs: Any, _sock: Any) -> None:
+        answer, result, _ = self._writing[conn]
+        try:
+            done = answer.flush()
+        except OSError:
+            done = None
+        if done is False:
+            return
+        del self._writing[conn]
+        self.unwatch(conn)
+        if done:
+            self._after_answer(conn, fs, result)
+        else:
+            answer.discard()
+            self.close_connection(conn)
+
+    def _after_answer(self, conn: Any, fs: Any, result: Any) -> None:
+        if not result:
+            self._linger(conn)
+        elif getattr(conn, "motus_leftover", b""):
+            self.motus_enqueue(conn)  # the next request is here already: the socket may stay quiet
+        else:
+            self.gunicorn_finish(conn, fs)  # kept alive, back in the selector
+
+    def _linger(self, conn: Any) -> None:
+        """Close after an answer: stop sending, read (and throw away) what the client still
+        sends for up to ``LINGER_SECONDS``, then close. Closing at once, with bytes of the
+        client unread, would reset the connection under an answer it has not read yet."""
+        try:
+            sock = socket_of(conn)
+            sock.setblocking(False)
+            sock.shutdown(socket.SHUT_WR)
+            self.watch(conn, selectors.EVENT_READ, partial(self._on_linger_readable, conn))
+        except (OSError, ValueError, KeyError):
+            self.close_connection(conn)
+            return
+        self._lingering[conn] = [time.monotonic() + LINGER_SECONDS, 0]
+
+    def _on_linger_readable(self, conn: Any, _sock: Any) -> None:
+        entry = self._lingering.get(conn)
+        if entry is None:
+            return
+        try:
+            data = socket_of(conn).recv(_READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        entry[1] += len(data)
+        if not data or entry[1] >= LINGER_MAX_BYTES:
+            del self._lingering[conn]
+            self.unwatch(conn)
+            self.close_connection(conn)
+
+    # -- deadlines ----------------------------------------------------------------------------
+
+    def motus_expire(self, force: bool) -> None:
+        """Once a pass of gunicorn's main loop (after its own expiry of kept-alive connections);
+        ``force`` as the worker stops: drop every connection still being read, written or
+        closed."""
+        now = time.monotonic()
+        while self._reading:
+            conn, reader = next(iter(self._reading.items()))
+            if reader.deadline > now and not force:
+                break
+            self._drop(conn, reader, timed_out=not force)
+        if not self.alive:
+            # Stopping: connections that have not begun a request are not waited for.
+            for conn, reader in list(self._reading.items()):
+                if not reader.begun:
+                    self._drop(conn, reader)
+        for conn, (answer, _, deadline) in list(self._writing.items()):
+            if deadline <= now or force:
+                del self._writing[conn]
+                self.unwatch(conn)
+                answer.discard()
+                self.tally("unread")
+                self.close_connection(conn)
+        while self._lingering:
+            conn, (deadline, _) = next(iter(self._lingering.items()))
+            if deadline > now and not force:
+                break
+            del self._lingering[conn]
+            self.unwatch(conn)
+            self.close_connection(conn)
+        self._log_counts(now)
+
+    def motus_wait_limit(self, timeout: float) -> float:
+        """The main loop waits for events at most until the next deadline (slightly after it)."""
+        deadlines = [deadline for _, _, deadline in self._writing.values()]
+        if self._reading:
+            deadlines.append(next(iter(self._reading.values())).deadline)
+        if self._lingering:
+            deadlines.append(next(iter(self._lingering.values()))[0])
+        if deadlines:
+            timeout = min(timeout, max(0.0, min(deadlines) - time.monotonic()) + 0.01)
+        return timeout
+
+    # -- a thread: serve the request the main loop read ------------------------------------
+
+    def motus_handle(self, conn: Any) -> Any:
+        data = getattr(conn, "motus_request", None)
+        if data is None:
+            return self.gunicorn_handle(conn)
+        conn.motus_request = None
+        held = HeldRequest(data)
+        answer = Answer(socket_of(conn), self)
+        result: Any = False
+        try:
+            real = serving_from(conn, held, answer)
+            try:
+                result = self.gunicorn_handle(conn)
+            finally:
+                restore_socket(conn, real)
+            if result:
+                forget_message(conn)  # read whole: nothing of it to drain before the next
+        finally:
+            held.release()
+            self.add_buffered(-len(data))
+            conn.motus_answer = answer  # sent by the main loop (finish_request)
+        return result
+
+    def motus_keepalive_after(self, conn: Any, keepalive: Any) -> Any:
+        if not is_held(conn):
+            return self.gunicorn_keepalive_after(conn, keepalive)
+        # The request was read whole and the next one begins where the main loop says, so
+        # there is nothing to drain; a body gunicorn could not decode ends the connection.
+        return bool(keepalive) and not body_failed(conn)
+

@@ -86,7 +86,7 @@ from motus.serve.journal import canonical_payload, pack, unpack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
-from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store, TurnRecord
+from motus.serve.store import AuditRecord, Event, SessionRecord, SharedStore, StaleSession, Store, TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -358,9 +358,11 @@ class Turns:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        #: The same store when several instances share it (its own methods), else None.
+        self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
         self.events = events
         #: This instance's name in a shared store: the owner of the turns it runs.
-        self.instance = store.instance_id
+        self.instance = self.shared.instance_id if self.shared is not None else "local"
         self.max_workers = max_workers
         self.timeout = timeout
         self.park_after = park_after
@@ -402,7 +404,7 @@ class Turns:
             with self._registry:
                 self._sessions[session.session_id] = session
         replays = 0
-        if not self.store.shared:
+        if self.shared is None:
             after = _After()
             for session in self._all():
                 if session.turn is not None:
@@ -459,8 +461,8 @@ class Turns:
 
     def start(self, pool: WorkerPool) -> None:
         self.pool = pool
-        if self.store.shared:
-            self.store.listen(self._changed_elsewhere, self._reconnected)
+        if self.shared is not None:
+            self.shared.listen(self._changed_elsewhere, self._reconnected)
             self._claim_orphans()
         self._housekeeper = threading.Thread(target=self._housekeep, name="motus-housekeeper", daemon=True)
         self._housekeeper.start()
@@ -539,9 +541,9 @@ class Turns:
 
     def _all_fresh(self) -> list[Session]:
         """Every session, those another instance created or changed read again first."""
-        if self.store.shared:
+        if self.shared is not None:
             try:
-                versions = self.store.versions()
+                versions = self.shared.versions()
             except Exception as exc:
                 raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
             for session in self._all():
@@ -564,7 +566,7 @@ class Turns:
     def _session(self, session_id: str) -> Session:
         with self._registry:
             session = self._sessions.get(session_id)
-        if session is None and self.store.shared and "\x00" not in session_id:  # (no text column holds a NUL)
+        if session is None and self.shared is not None and "\x00" not in session_id:  # (no text column holds a NUL)
             session = self._load_shared(session_id)  # created on another instance
         if session is None:
             raise SessionNotFound(session_id)
@@ -771,8 +773,9 @@ class Turns:
         self._attempt(session_id, delete)
 
     def _delete_row(self, session: Session, events: list[Event]) -> None:
-        if self.store.shared:
-            self._commit(lambda: self.store.delete(session.session_id, events, version=session.version))  # type: ignore[call-arg]
+        shared = self.shared
+        if shared is not None:
+            self._commit(lambda: shared.delete(session.session_id, events, version=session.version))
         else:
             self._commit(lambda: self.store.delete(session.session_id, events))
 
@@ -941,7 +944,7 @@ class Turns:
         of the answer from another's commit only knows it was answered, not by whom (the turn
         may have ended since, taking its journal with it), so on a shared store the audit
         says whether it expired."""
-        if self.store.shared and session.retired.get(interrupt_id) in (None, ALREADY_RESUMED):
+        if self.shared is not None and session.retired.get(interrupt_id) in (None, ALREADY_RESUMED):
             try:
                 records = self.store.audit(session.session_id)
             except Exception as exc:  # the 404 stands; only its reason is less precise
@@ -1237,18 +1240,19 @@ class Turns:
 
     def _store_read(self, session_id: str) -> SessionRecord | None:
         try:
-            return self.store.load_one(session_id)
+            assert self.shared is not None  # only shared stores have sessions made elsewhere
+            return self.shared.load_one(session_id)
         except Exception as exc:
             log.warning("could not read session %s from the store: %s", session_id, exc)
             raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
 
     def _owner_alive(self, owner: str | None) -> bool:
-        if not self.store.shared or owner is None or owner == self.instance:
-            return owner is not None or not self.store.shared
+        if self.shared is None or owner is None or owner == self.instance:
+            return owner is not None or self.shared is None
         if time.monotonic() < self._claim_after:
             return True  # just after an outage, nobody is taken for gone (see _claim_orphans)
         try:
-            return self.store.owner_alive(owner)
+            return self.shared.owner_alive(owner)
         except Exception as exc:
             raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
 
@@ -1270,11 +1274,11 @@ class Turns:
         """Read the session again if another instance changed it. ``verify`` asks the
         store for the row's version rather than trusting the listener (a request must see
         what another instance acknowledged before it, whose notice may still be on its way)."""
-        if not self.store.shared or session.deleted:
+        if self.shared is None or session.deleted:
             return
         if verify and not session.stale:
             try:
-                version = self.store.version_of(session.session_id)
+                version = self.shared.version_of(session.session_id)
             except Exception as exc:
                 raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
             session.stale = version != session.version
@@ -1372,8 +1376,11 @@ class Turns:
         """Renew this instance's lease, then take over the live turns of instances whose
         lease lapsed (housekeeping thread, and once at start). The store gives each to
         exactly one instance; the new owner replays it, or keeps it parked."""
+        shared = self.shared
+        if shared is None:
+            return
         try:
-            self.store.renew_lease(fresh=self._lease_lost)  # not held up by the pool's reconnect backoff
+            shared.renew_lease(fresh=self._lease_lost)  # not held up by the pool's reconnect backoff
         except Exception as exc:
             self._lease_lost = True
             log.warning("could not renew this instance's lease: %s", exc)
@@ -1382,12 +1389,12 @@ class Turns:
             # After an outage every lease may have lapsed, the live instances' too: take
             # nothing over until each has had a full lease to renew its own.
             self._lease_lost = False
-            self._claim_after = time.monotonic() + getattr(self.store, "lease_seconds", 15.0)
+            self._claim_after = time.monotonic() + shared.lease_seconds
             log.info("the lease is renewed again; no turn is taken over for one lease period")
         if time.monotonic() < self._claim_after:
             return
         try:
-            claimed = self.store.claim_orphans()
+            claimed = shared.claim_orphans()
         except Exception as exc:
             log.warning("could not take over the turns of gone instances: %s", exc)
             return
@@ -1515,7 +1522,7 @@ class Turns:
         next_sweep = time.monotonic() + sweep_every if sweep_every else None
         # Shared stores: the lease is renewed (and lapsed ones' turns taken over) three
         # times a lease, so one missed renewal never lets it lapse.
-        lease_every = getattr(self.store, "lease_seconds", 15.0) / 3 if self.store.shared else None
+        lease_every = self.shared.lease_seconds / 3 if self.shared is not None else None
         next_lease = time.monotonic() + lease_every if lease_every else None
         while True:
             due: list[tuple[str, Turn, int]] = []

@@ -29,7 +29,7 @@ from motus.serve.events import Events
 from motus.serve.metrics import ServerMetrics
 from motus.serve.pool import PoolClosed, WorkerPool
 from motus.serve.processes import WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME
-from motus.serve.store import Store, StoreError, default_store_url, store_from_url
+from motus.serve.store import SharedStore, Store, StoreError, default_store_url, store_from_url
 from motus.serve.streams import StreamSlots
 from motus.serve.turns import SessionStatus, Turns
 from motus.serve.webhooks import SECRET_ENV_VAR as WEBHOOK_SECRET_ENV_VAR
@@ -129,8 +129,8 @@ class AgentServer:
         if store is None:
             store = default_store_url(self.agent_path)
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
-        if self.store.shared:
-            self.store.lease_seconds = lease_seconds  # type: ignore[attr-defined]
+        if isinstance(self.store, SharedStore):
+            self.store.lease_seconds = lease_seconds
         if park_after == PARK_BY_STORE:
             park_after = DEFAULT_PARK_AFTER if self.store.durable else None
         self.park_after: float | None = park_after  # type: ignore[assignment]

@@ -7,8 +7,11 @@ long poll is woken, so a 200/202 (or a state a poll saw) is never taken back by 
 
 Backends:
 
-- ``memory``: saves nothing; today's behaviour, nothing survives the process.
-- ``sqlite:///PATH``: one file, one server process (see ``motus.serve.store.sqlite``).
+Two interfaces: ``Store``, what one server process needs (``memory``: nothing survives
+the process; ``sqlite:///PATH``: one file, see ``motus.serve.store.sqlite``), and
+``SharedStore``, what several instances on one store need on top of it (``postgresql://``,
+see ``motus.serve.store.postgres``). ``tests/unit/serve/store/test_contract.py`` states
+every method's guarantee and runs against each backend: a new one is written against it.
 
 Threads: request threads and the pool's manager thread all write; a backend serialises its
 own writes and must be safe to call from any thread.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,22 +178,25 @@ class SessionRecord:
 
 
 class Store(ABC):
-    """A place sessions and turn journals outlive the process."""
+    """A place sessions and turn journals outlive the process, for one server process.
+
+    Every method is abstract: a backend says what each does, even where that is nothing
+    (the memory store opens nothing). What only several processes on one store need is
+    ``SharedStore``'s."""
 
     #: Short name for ``/health``: "memory", "sqlite", ...
     kind: str = ""
     #: Whether anything survives a restart (parking and replay at start depend on it).
     durable: bool = False
-    #: Whether several server processes share it (PostgreSQL): then every write is checked
-    #: against the row's version, and the methods below the line are used.
-    shared: bool = False
-    #: This process's name in a shared store (the owner of the turns it runs).
-    instance_id: str = "local"
+    #: Where it is, for logs and messages (never a password).
+    url: str = ""
 
+    @abstractmethod
     def open(self) -> None:
         """Create or check the schema and claim the store for this process.
         Raises ``StoreError`` with a one-line reason."""
 
+    @abstractmethod
     def close(self) -> None:
         """Release the store (idempotent)."""
 
@@ -201,7 +207,7 @@ class Store(ABC):
 
     @abstractmethod
     def load(self) -> Iterator[SessionRecord]:
-        """Every session, with its live turn and that turn's journal."""
+        """Every session, with its live turn and that turn's journal, oldest write first."""
 
     @abstractmethod
     def save(
@@ -239,36 +245,61 @@ class Store(ABC):
     def audit(self, session_id: str) -> list[AuditRecord]:
         """The session's audit records, oldest first."""
 
-    # -- shared stores only (``shared`` True) --------------------------------------------
 
+class SharedStore(Store):
+    """A store several server processes (instances) share, such as PostgreSQL.
+
+    On top of ``Store``: every write of an existing session is checked against the row's
+    ``version`` (``StaleSession`` when another instance wrote first), a create of a session
+    that exists is ``StaleSession``, journal records are written only by the instance that
+    owns the live turn, each instance holds a lease it renews, and the live turns of an
+    instance whose lease lapsed are taken over, each by exactly one other."""
+
+    durable = True
+    #: This process's name in the store (the owner of the turns it runs).
+    instance_id: str
+    #: An instance that has not renewed its lease for this long is taken for gone.
+    lease_seconds: float
+
+    @abstractmethod
+    def delete(self, session_id: str, events: Sequence[Event] = (), version: int | None = None) -> int:
+        """``Store.delete``, only if the row still has ``version`` (any, when None);
+        ``StaleSession`` when it does not, or the session does not exist."""
+
+    @abstractmethod
     def load_one(self, session_id: str) -> SessionRecord | None:
         """One session as ``load`` gives it, or None if it does not exist."""
-        raise NotImplementedError
 
+    @abstractmethod
     def version_of(self, session_id: str) -> int | None:
         """The stored row's version, or None if the session does not exist."""
-        raise NotImplementedError
 
+    @abstractmethod
     def versions(self) -> dict[str, int]:
         """Every session's row version."""
-        raise NotImplementedError
 
-    def listen(self, on_change: Any, on_reconnect: Any) -> None:
+    @abstractmethod
+    def listen(self, on_change: Callable[[str, int, bool], None], on_reconnect: Callable[[], None]) -> None:
         """Start calling ``on_change(session_id, version, new_events)`` for every change
-        committed by any instance (``new_events``: events of it arrived here only now), and
-        ``on_reconnect()`` after changes may have been missed."""
+        committed by any instance (``version`` 0: deleted, -1: changed, re-read it;
+        ``new_events``: events of it arrived here only now), and ``on_reconnect()`` once
+        listening and again after changes may have been missed."""
 
+    @abstractmethod
     def renew_lease(self, fresh: bool = False) -> None:
         """Tell the other instances this one is alive for another lease period (``fresh``:
         on a new connection, not a pooled one; after this instance lost its lease)."""
 
+    @abstractmethod
     def claim_orphans(self, limit: int = 100) -> list[str]:
         """Take over (owner := this instance) live turns whose owner's lease lapsed, each
         by exactly one instance; returns their session ids."""
-        return []
 
+    @abstractmethod
     def owner_alive(self, owner: str) -> bool:
-        return True
+        """Whether instance ``owner`` holds a live lease (and is connected)."""
 
-    def pull_events(self) -> None:
-        """Fetch events committed by any instance into the events kept in memory."""
+    @abstractmethod
+    def pull_events(self) -> set[str]:
+        """Fetch events committed by any instance into the events kept in memory; returns
+        the sessions they belong to."""

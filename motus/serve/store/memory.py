@@ -30,8 +30,14 @@ class MemoryStore(Store):
         self._seq = 0
         self._audit: dict[str, list[AuditRecord]] = {}
 
+    def open(self) -> None:
+        """Nothing to open or claim: the store is this object."""
+
+    def close(self) -> None:
+        """Nothing to release: what it holds goes with the process."""
+
     def load(self) -> Iterator[SessionRecord]:
-        return iter(())
+        return iter(())  # nothing was kept: the working copy was the only one
 
     def save(
         self,

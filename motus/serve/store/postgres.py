@@ -52,8 +52,8 @@ from motus.serve.store.base import (
     Event,
     RecentEvents,
     SessionRecord,
+    SharedStore,
     StaleSession,
-    Store,
     StoreError,
     dump_json,
     load_json,
@@ -167,10 +167,9 @@ def where(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
 
 
-class PostgresStore(Store):
+class PostgresStore(SharedStore):
     kind = "postgresql"
     durable = True
-    shared = True
 
     def __init__(self, url: str, lease_seconds: float = 15.0, events_kept: int = EVENTS_KEPT, pool_size: int = 10) -> None:
         self.dsn = url  # with its password: for connecting only

@@ -2,7 +2,7 @@
 
 These are unit tests of the state machine, so no worker process is ever started:
 ``Turns.start()`` is given ``RecordingPool``, a small stand-in for ``WorkerPool`` with just
-the four calls ``turns.py`` makes (``launch``, ``send``, ``stop``, ``kill``), which records
+the four calls ``Turns`` makes (``launch``, ``send``, ``stop``, ``kill``), which records
 them. What a worker process would report is fed in by calling ``turns.worker_message`` with
 the handle the stand-in received in ``launch``. The integration tests
 (``tests/integration/serve``) drive the same code with real worker processes.
@@ -700,7 +700,7 @@ def test_a_resume_queued_for_a_turn_that_interrupts_again_never_keeps_the_slot(m
 
     turns.worker_message(handle_a, Result(response=REPLY, state=[REPLY]))
     assert turns.get(a).status is IDLE
-    assert slots_in_use(turns) == 0 and turns._free_slots == 1
+    assert slots_in_use(turns) == 0 and turns.slots.free == 1
     assert pool.launched == [handle_a, handle_b]
 
     c = turns.create().session_id

@@ -1,9 +1,11 @@
-"""The session stores (``motus.serve.store``): SQLite files under ``tmp_path``, and store URLs."""
+"""The session stores (``motus.serve.store``): what only the SQLite and memory backends do
+(one server per file, the files it refuses, schema migrations, pruning, how little a save
+writes), and store URLs, with SQLite files under ``tmp_path``. What every store guarantees is
+the store contract, ``tests/unit/serve/store/test_contract.py``."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import sqlite3
@@ -13,47 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from motus.serve.journal import pack, unpack
-from motus.serve.protocol import INTERRUPT, MODEL, TOOL, JournalEntry
 from motus.serve.store import (
     SCHEMA_VERSION,
-    AuditRecord,
     Event,
     MemoryStore,
     SessionRecord,
     StoreError,
-    TurnRecord,
     default_store_url,
     store_from_url,
 )
 from motus.serve.store.sqlite import SqliteStore
-
-MESSAGE = {"role": "user", "content": "héllo"}
-REPLY = {"role": "assistant", "content": "hi"}
-
-PENDING = JournalEntry(
-    seq=1, kind=INTERRUPT, key='{"type": "tool_approval"}', label="tool_approval", ref="int-1",
-    payload={"type": "tool_approval", "args": {"path": "/tmp", "n": [1, 2.5, None]}},
-)
-ANSWERED = JournalEntry(
-    seq=2, kind=INTERRUPT, key='{"type": "color"}', label="color", done=True, value=pack(("ok", "blue")), ref="int-2",
-    payload={"type": "color"}, answered_at=1767225600.25, answered_by="ops",
-)
-MODEL_CALL = JournalEntry(seq=3, kind=MODEL, key="d41d8cd9", label="chat", done=True, value=b"\x00\x01\xffraw bytes")
-STARTED = JournalEntry(seq=4, kind=TOOL, key="delete_db:{}", label="delete_db")
-
-
-def session(session_id: str = "s1", turn: TurnRecord | None = None, **changes: object) -> SessionRecord:
-    fields: dict[str, object] = {
-        "session_id": session_id, "status": "interrupted" if turn else "idle", "state": [MESSAGE, REPLY],
-        "response": REPLY, "error": None, "turn_id": turn.turn_id if turn else 0, "touched": 1767225600.5, "turn": turn,
-    }
-    fields.update(changes)
-    return SessionRecord(**fields)  # type: ignore[arg-type]
-
-
-def live_turn(turn_id: int = 1) -> TurnRecord:
-    return TurnRecord(turn_id=turn_id, message=MESSAGE, webhook={"url": "https://hook.example/x", "secret": "s"}, deadline=1767229200.0)
+from tests.unit.serve.store.records import MESSAGE, MODEL_CALL, PENDING, REPLY, live_turn, session
 
 
 @pytest.fixture
@@ -81,87 +53,6 @@ def reopen(store: SqliteStore) -> list[SessionRecord]:
 
 
 # -- round trips -----------------------------------------------------------------------------
-
-
-def test_a_session_with_a_live_turn_and_its_journal_round_trips(opened: SqliteStore) -> None:
-    assert opened.kind == "sqlite" and opened.durable
-    record = session(turn=live_turn())
-    opened.save(record, [PENDING, ANSWERED])
-    opened.save_entries("s1", 1, [MODEL_CALL, STARTED])
-    [loaded] = reopen(opened)
-    assert loaded.turn is not None
-    assert loaded.turn.journal == [PENDING, ANSWERED, MODEL_CALL, STARTED]
-    assert loaded == session(turn=TurnRecord(**{**live_turn().__dict__, "journal": [PENDING, ANSWERED, MODEL_CALL, STARTED]}))
-    assert isinstance(loaded.turn.journal[2].value, bytes) and unpack(loaded.turn.journal[1].value) == "blue"
-
-
-def test_entries_are_inserted_or_replaced_by_seq(opened: SqliteStore) -> None:
-    opened.save(session(turn=live_turn()), [PENDING, STARTED])
-    finished = STARTED.finished(pack(("ok", "deleted")))
-    answered = PENDING.finished(pack(("ok", True)), answered_at=5.0)
-    opened.save_entries("s1", 1, [finished])
-    opened.save(session(turn=live_turn(), status="running"), [answered])
-    [loaded] = reopen(opened)
-    assert loaded.status == "running"
-    assert loaded.turn is not None and loaded.turn.journal == [answered, finished]
-
-
-def test_a_save_without_state_keeps_the_stored_history(opened: SqliteStore) -> None:
-    """Interrupts and resumes do not change the history, so they do not rewrite it."""
-    opened.save(session())
-    opened.save(session(turn=live_turn(), state=None, response=None))
-    [loaded] = reopen(opened)
-    assert loaded.state == [MESSAGE, REPLY] and loaded.status == "interrupted" and loaded.response is None
-
-
-def test_a_session_saved_without_a_turn_has_no_journal(opened: SqliteStore) -> None:
-    opened.save(session(turn=live_turn()), [PENDING, MODEL_CALL])
-    opened.save(session(status="idle"), [ANSWERED])  # the turn ended: its journal goes, entries ignored
-    [loaded] = list(opened.load())
-    assert loaded.turn is None and loaded.status == "idle"
-    opened.save(session(turn=live_turn(turn_id=2), status="running"))  # a new turn starts empty
-    [loaded] = reopen(opened)
-    assert loaded.turn is not None and (loaded.turn.turn_id, loaded.turn.journal) == (2, [])
-
-
-def test_a_new_turn_drops_the_journal_of_the_previous_one(opened: SqliteStore) -> None:
-    opened.save(session(turn=live_turn(turn_id=1)), [PENDING])
-    opened.save(session(turn=live_turn(turn_id=2), status="running"), [MODEL_CALL])
-    [loaded] = list(opened.load())
-    assert loaded.turn is not None and loaded.turn.journal == [MODEL_CALL]
-
-
-def test_delete_forgets_the_session_and_its_journal(opened: SqliteStore) -> None:
-    opened.save(session("s1", turn=live_turn()), [PENDING])
-    opened.save(session("s2", touched=1767225601.0))
-    opened.delete("s1")
-    opened.delete("never-there")
-    assert [r.session_id for r in opened.load()] == ["s2"]
-    opened.save(session("s1", turn=live_turn()))
-    [s1] = [r for r in reopen(opened) if r.session_id == "s1"]
-    assert s1.turn is not None and s1.turn.journal == []
-
-
-def test_sessions_load_oldest_write_first(opened: SqliteStore) -> None:
-    opened.save(session("b", touched=2.0))
-    opened.save(session("a", touched=3.0))
-    opened.save(session("c", touched=1.0))
-    assert [r.session_id for r in opened.load()] == ["c", "b", "a"]
-
-
-def test_the_store_takes_what_the_memory_store_does(opened: SqliteStore) -> None:
-    opened.save(session(state=[{"role": "tool", "content": "x", "score": math.nan}], response={"inf": math.inf}))
-    [loaded] = reopen(opened)
-    assert math.isnan(loaded.state[0]["score"]) and loaded.response == {"inf": math.inf}
-
-
-def test_a_closed_store_refuses_reads_and_writes(opened: SqliteStore) -> None:
-    opened.close()
-    opened.close()  # idempotent
-    with pytest.raises(StoreError, match="is closed"):
-        opened.save(session())
-    with pytest.raises(StoreError, match="is closed"):
-        list(opened.load())
 
 
 def test_the_memory_store_keeps_nothing() -> None:
@@ -368,26 +259,6 @@ def reopen_path(db_path: Path) -> list[SessionRecord]:
         store.close()
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_events_get_increasing_seqs_and_are_read_after_a_cursor(kind: str, db_path: Path) -> None:
-    store = MemoryStore() if kind == "memory" else SqliteStore(f"sqlite:///{db_path}", str(db_path))
-    store.open()
-    try:
-        assert store.event_bounds() == (0, 0)
-        events = [Event(sid, "status", {"n": n}, at=float(n)) for n, sid in enumerate(["a", "b", "a", "b", "a"])]
-        last = store.save(session("a"), events=events[:3])
-        assert last == 3 and [e.seq for e in events[:3]] == [1, 2, 3]
-        assert store.delete("b", events[3:]) == 5
-        assert store.save(session("a")) == 0  # no events: nothing assigned
-        assert [e.seq for e in store.events_after(0)] == [1, 2, 3, 4, 5]
-        assert [e.seq for e in store.events_after(2, "a")] == [3, 5]
-        assert [e.data for e in store.events_after(0, "b", limit=1)] == [{"n": 1}]
-        assert store.events_after(5) == []
-        assert store.event_bounds() == (1, 5)
-    finally:
-        store.close()
-
-
 def test_old_events_are_pruned_and_bounds_say_so(db_path: Path) -> None:
     store = SqliteStore(f"sqlite:///{db_path}", str(db_path), events_kept=10)
     store.open()
@@ -397,23 +268,6 @@ def test_old_events_are_pruned_and_bounds_say_so(db_path: Path) -> None:
         oldest, newest = store.event_bounds()
         assert newest == 1000 and oldest == 991
         assert [e.seq for e in store.events_after(0)][:1] == [991]
-    finally:
-        store.close()
-
-
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_audit_records_are_kept_per_session_in_order_and_go_with_it(kind: str, db_path: Path) -> None:
-    store = MemoryStore() if kind == "memory" else SqliteStore(f"sqlite:///{db_path}", str(db_path))
-    store.open()
-    try:
-        first = AuditRecord("a", "resolved", 1.0, "ops", {"interrupt_id": "i1", "value": {"approved": True}})
-        second = AuditRecord("a", "grant", 2.0, "ops", {"tool_name": "t"})
-        store.save(session("a"), audit=[first])
-        store.save(session("a"), audit=[second])
-        store.save(session("b"), audit=[AuditRecord("b", "revoke", 3.0, "x", {})])
-        assert store.audit("a") == [first, second]
-        store.delete("a")
-        assert store.audit("a") == [] and len(store.audit("b")) == 1
     finally:
         store.close()
 
@@ -444,50 +298,12 @@ def test_a_save_that_kept_the_history_writes_only_what_was_added(opened: SqliteS
     assert [r.state for r in reopen(opened)] == [longer]
 
 
-@pytest.mark.parametrize(
-    ("new", "kept"),
-    [
-        ([*HISTORY[:40], {"role": "user", "content": "edited"}, *HISTORY[41:]], 40),  # an edit in the middle
-        (HISTORY[:10], 10),  # shorter: the rest is removed
-        (HISTORY[:10], 0),
-        ([REPLY], 0),  # replaced
-        ([], 0),
-        (HISTORY, 100),  # unchanged
-        ([*HISTORY, REPLY], 100),
-    ],
-)
-def test_the_stored_history_is_the_new_one_whatever_was_kept(db_path: Path, new: list[dict], kept: int) -> None:
-    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
-    store.open()
-    store.save(session(state=HISTORY))
-    store.save(session(state=new, kept=kept))
-    assert [seq for seq, _ in history_rows(store)] == list(range(len(new)))
-    assert [r.state for r in reopen(store)] == [new]
-
-
-@pytest.mark.parametrize("kept", [-1, 101, 10**6])
-def test_a_kept_past_the_new_history_writes_it_whole(opened: SqliteStore, kept: int) -> None:
-    opened.save(session(state=HISTORY))
-    opened.save(session(state=HISTORY[:50], kept=kept))
-    assert [r.state for r in reopen(opened)] == [HISTORY[:50]]
-
-
 def test_a_kept_the_rows_do_not_bear_out_writes_the_history_whole(opened: SqliteStore, caplog: pytest.LogCaptureFixture) -> None:
     """The caller says 80 messages are stored; only 10 are (say a save between was lost)."""
     opened.save(session(state=HISTORY[:10]))
     opened.save(session(state=HISTORY, kept=80))
     assert "writing the whole history" in caplog.text
     assert [r.state for r in reopen(opened)] == [HISTORY]
-
-
-def test_a_saved_history_without_state_is_left_as_it_is_and_delete_removes_it(opened: SqliteStore) -> None:
-    opened.save(session(state=HISTORY))
-    opened.save(session(state=None, status="running"))
-    opened.save(session("s2", state=[MESSAGE]))
-    assert len(history_rows(opened)) == 100
-    opened.delete("s1")
-    assert history_rows(opened) == [] and len(history_rows(opened, "s2")) == 1
-    assert [(r.session_id, r.state) for r in reopen(opened)] == [("s2", [MESSAGE])]
 
 
 _VERSION_2_HISTORIES = [

@@ -1,0 +1,677 @@
+"""The turn machine: every transition of a turn, the messages of its worker process, and
+what a transition does once its session's lock is released.
+
+The states and the moves between them are ``motus.serve.turns.state``'s; this module makes
+the moves. ``Machine`` is the base of ``Turns`` (``motus.serve.turns.sessions``): it holds the
+registry of sessions and the collaborators (the store, the compute ``Slots``, the ``Timers``,
+the ``Replicas`` of other instances), and never asks which store it has: whatever differs
+between one process and several instances on a shared store is the ``Replicas``'.
+
+Guarantees:
+
+- Every change is committed to the store first, then applied to the working copy, then
+  published (long polls wake), all under the session's own lock; a store failure is a 503
+  that changed nothing. A lock per session: a slow commit on one session never holds up
+  another's transition (the store itself may serialise its writes).
+- No pipe send, webhook, pool launch or publish happens under a session lock: a transition
+  records them in an ``After``, which ``_finish`` carries out once the lock is released.
+- Messages from a process the turn no longer owns (a stopped, killed or replaced handle) are
+  ignored: a late worker can never resurrect or corrupt a session.
+- An interrupt id is pending exactly once; a second resume of it is a 404 that says why.
+- A worker message the store cannot take now waits in its turn's backlog and is retried
+  (``_retry_backlog``): never dropped, never applied out of order.
+- On a shared store, a write refused because another instance wrote first (``StaleSession``)
+  is decided again on the row as it now is (``_attempt``, ``_apply_locked``).
+
+Thread ownership and lock order: ``Session`` fields and its ``Turn`` are guarded by
+``Session.lock``; the sessions dict by ``_registry``; slots by ``Slots.lock``, timers by
+``Timers.lock`` (neither held while taking a session lock). Order: session lock ->
+``_registry`` | slots | timers -> pool lock. Request threads call the transitions, the pool's
+manager thread ``worker_message``, the housekeeping thread the timed ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from motus.serve.errors import InterruptNotPending, InvalidTransition, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
+from motus.serve.events import Events
+from motus.serve.journal import canonical_payload, pack
+from motus.serve.metrics import NO_METRICS, Hooks
+from motus.serve.pool import Handle, PoolClosed, WorkerPool
+from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
+from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store
+from motus.serve.turns.replicas import Replicas, replicas_for
+from motus.serve.turns.slots import Slots
+from motus.serve.turns.state import (
+    ALREADY_RESUMED,
+    ANONYMOUS,
+    CANCELLED,
+    EXITED,
+    EXPIRED,
+    MESSAGE_FAILED,
+    OUTCOME_FAILED,
+    OUTCOMES,
+    After,
+    Session,
+    SessionStatus,
+    Turn,
+    TurnEnd,
+    TurnState,
+    interrupt_data,
+    last_line,
+    remembered_tool,
+    storable_text,
+    webhook_wants,
+)
+from motus.serve.turns.timers import PARK_SETTLE_SECONDS, STORE_GIVE_UP_SECONDS, STORE_RETRY_SECONDS, Timers
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How often a change refused by a shared store (the row changed meanwhile) is tried again.
+STALE_RETRIES = 8
+
+
+class Machine:
+    """The sessions of this server and the transitions of their turns (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        events: Events,
+        max_workers: int,
+        timeout: float = 0,
+        park_after: float | None = None,
+        max_sessions: int = 0,
+        ttl: float = 0,
+        max_interrupts: int = 0,
+        on_end: Callable[[TurnEnd], None] = lambda end: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.max_workers = max_workers
+        self.timeout = timeout
+        self.park_after = park_after
+        self.max_sessions = max_sessions
+        self.ttl = ttl
+        self.max_interrupts = max_interrupts
+        self._on_end = on_end
+        self._clock = clock
+        self.pool: WorkerPool | None = None
+        self._registry = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self.slots = Slots(max_workers)
+        self._closing = False
+        self._stopped = False
+        self._hurried = False  # a quick stop: running turns get no more of their grace
+        self._draining_done = False  # the shutdown grace is over: no slot is handed out
+        self._housekeeper: threading.Thread | None = None
+        self.timers = Timers(clock, lambda: self._stopped)
+        self.metrics: Hooks = NO_METRICS  # the server's metrics (see metrics.py)
+        #: What other instances on a shared store do, or that there are none.
+        self.replicas: Replicas = replicas_for(store, self)
+        #: This instance's name in a shared store: the owner of the turns it runs.
+        self.instance = self.replicas.instance
+
+    # -- lookups (request threads) -------------------------------------------------------
+
+    def _all(self) -> list[Session]:
+        with self._registry:
+            return list(self._sessions.values())
+
+    def _all_fresh(self) -> list[Session]:
+        """Every session, those another instance created or changed read again first."""
+        self.replicas.catch_up()
+        sessions = self._all()
+        for session in sessions:
+            if session.stale:
+                self._refresh_now(session, publish=False)
+        return [session for session in sessions if not session.deleted]
+
+    def _lookup(self, session_id: str) -> Session | None:
+        with self._registry:
+            return self._sessions.get(session_id)
+
+    def _session(self, session_id: str) -> Session:
+        with self._registry:
+            session = self._sessions.get(session_id)
+        if session is None:
+            session = self.replicas.load(session_id)  # created on another instance
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
+
+    def _read(self, session_id: str, read: Callable[[Session], T]) -> T:
+        """``read(session)`` under its lock, on an up-to-date copy; 404 for one deleted."""
+        session = self._session(session_id)
+        after = After()
+        try:
+            with session.lock:
+                self.replicas.fresh_locked(session, after, verify=True)
+                if session.deleted:
+                    raise SessionNotFound(session_id)
+                return read(session)
+        finally:
+            self._finish_read(after)
+
+    def _finish_read(self, after: After) -> None:
+        """``_finish`` for a read, which may run inside a long poll's check, under an
+        ``Events`` condition: it publishes nothing (the listener that marked the session
+        changed has woken its waiters already)."""
+        after.publish.clear()
+        self._finish(after)
+
+    def _attempt(self, session_id: str, change: Callable[[Session, After], T]) -> T:
+        """``change(session, after)`` under the session's lock, then its ``after``. On a
+        shared store a write refused because another instance changed the row first is
+        tried again on the row as it now is (where the change may be refused for good: an
+        interrupt answered meanwhile is a 404)."""
+        for _ in range(STALE_RETRIES):
+            session = self._session(session_id)
+            after = After()
+            try:
+                with session.lock:
+                    self.replicas.fresh_locked(session, after, verify=True)
+                    if session.deleted:
+                        raise SessionNotFound(session_id)
+                    result = change(session, after)
+            except StaleSession:
+                session.stale = True
+                continue
+            finally:
+                self._finish(after)
+            return result
+        raise ServerUnavailable(f"Session {session_id} kept changing on other instances; try again")
+
+    def _refresh_now(self, session: Session, publish: bool) -> None:
+        """Read a stale session again under its lock, then do what that decided, with its
+        waiters woken only if ``publish`` (not from a read, which may run inside a long
+        poll's check). ``ServerUnavailable`` when the store cannot be read: it stays stale."""
+        after = After()
+        try:
+            with session.lock:
+                self.replicas.fresh_locked(session, after)
+        finally:
+            if publish:
+                self._finish(after)
+            else:
+                self._finish_read(after)
+
+    # -- turns (request threads) ---------------------------------------------------------
+
+    def start_turn(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None = None) -> None:
+        """idle|error -> running: commit the new turn, then queue it for a compute slot (it
+        runs on this instance, which owns it until it ends)."""
+
+        def start(session: Session, after: After) -> Turn:
+            if session.status is SessionStatus.RUNNING:
+                raise SessionConflict("Session is running; wait for the turn to finish or delete the session")
+            if session.status is SessionStatus.INTERRUPTED:
+                raise SessionConflict("Session is interrupted; resume its pending interrupts or delete the session")
+            if self._closing:
+                raise ServerUnavailable("Server is shutting down")
+            now = self._clock()
+            turn = Turn(
+                session_id=session_id,
+                turn_id=session.turn_id + 1,
+                message=message,
+                webhook=webhook,
+                deadline=now + self.timeout if self.timeout else None,
+                grants=tuple(sorted(session.grants)),
+                started_at=now,
+            )
+            self._save(session, session.record(status=SessionStatus.RUNNING, response=None, error=None,
+                                      turn_id=turn.turn_id, touched=now, turn=turn.record(), owner=self.instance),
+                       events=[session.event("status", now, status="running", turn_id=turn.turn_id)])
+            session.turn, session.turn_id, session.owner = turn, turn.turn_id, self.instance
+            session.response, session.error, session.touched = None, None, now
+            after.queued.append(turn)
+            after.publish.append(session_id)
+            self.metrics.turn_started()
+            return turn
+
+        turn = self._attempt(session_id, start)
+        if turn.deadline is not None:
+            self.timers.schedule(turn.deadline, "timeout", turn)
+
+    def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS) -> SessionStatus:
+        """Answer one pending interrupt on behalf of ``by`` (a key's name); returns the
+        status this left the session in. A turn whose worker runs on another instance gets
+        the value from that instance (it reads the answer from the store); one whose instance
+        is gone is taken over here and replayed."""
+
+        def resume(session: Session, after: After) -> SessionStatus:
+            turn = session.turn
+            pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
+            entry = next((e for e in pending if e.ref == interrupt_id), None)
+            if entry is None or turn is None:
+                raise self._not_pending(session, interrupt_id)
+            take = turn.state is TurnState.ELSEWHERE and not self.replicas.owner_alive(session.owner)
+            if take:
+                # Journal records do not change the row's version: the copy here may lack
+                # some the gone instance wrote (a step, a started tool). Replay from the store's.
+                self.replicas.refresh_locked(session, after, force=True)
+                turn = session.turn
+                pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
+                entry = next((e for e in pending if e.ref == interrupt_id), None)
+                if entry is None or turn is None:
+                    raise self._not_pending(session, interrupt_id)
+                take = turn.state is TurnState.ELSEWHERE
+            return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
+
+        return self._attempt(session_id, resume)
+
+    def _resolve_locked(
+        self, session: Session, turn: Turn, entry: JournalEntry, last: bool, value: Any, by: str, after: After,
+        expired: bool = False, take: bool = False,
+    ) -> SessionStatus:
+        """One pending interrupt answered (by a person, or by its timeout with its default):
+        commit the answer with its audit record, its events and any grant it gives, then
+        pass the value on (now, or when the turn gets a slot, or by replay)."""
+        now = self._clock()
+        interrupt_id = entry.ref or ""
+        packed = entry.default if expired and entry.default is not None else pack(("ok", value))
+        answered = entry.finished(packed, answered_at=now, answered_by=by)
+        status = SessionStatus.RUNNING if last else SessionStatus.INTERRUPTED
+        reason = "timeout" if expired else "resume"
+        events = [session.event("resolved", now, interrupt_id=interrupt_id, type=entry.label, by=by, value=value, reason=reason,
+                                turn_id=turn.turn_id)]
+        audit = [AuditRecord(session.session_id, "resolved", now, by, {
+            "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value, "reason": reason,
+            "turn_id": turn.turn_id,
+        })]
+        grants = session.grants
+        tool = remembered_tool(entry.payload, value)
+        if tool is not None:
+            from motus.tools.approval import parse_approval  # the gate's own reading of the value
+
+            if expired or not parse_approval(value).approved:
+                tool = None  # nobody approved, or the gate refuses it (edited arguments not an object)
+        if tool is not None:
+            grants = {**session.grants, tool: {"by": by, "at": now}}
+            events.append(session.event("grant", now, tool_name=tool, by=by))
+            audit.append(AuditRecord(session.session_id, "grant", now, by, {"tool_name": tool, "interrupt_id": interrupt_id}))
+        if last:
+            events.append(session.event("status", now, status=status.value))
+        owner = self.instance if take else session.owner  # take: its instance is gone, it runs here
+        self._save(session, session.record(status=status, touched=now, grants=grants, owner=owner), [answered], events, audit)
+        turn.journal[answered.seq] = answered
+        session.touched, session.grants, session.owner = now, grants, owner
+        session.retire(interrupt_id, EXPIRED if expired else ALREADY_RESUMED)
+        self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
+        if take:
+            self._adopt_locked(session, turn, after)
+        self._deliver_locked(session, turn, Resume(interrupt_id=interrupt_id, value=value), last, after)
+        return status
+
+    def _deliver_locked(self, session: Session, turn: Turn, message: Resume, last: bool, after: After) -> None:
+        """Pass a committed answer on: to the live worker (now, or with the turn's next
+        compute slot when it was the last one), or by replay of a parked turn once all are
+        answered. A turn running on another instance is not touched: that instance reads
+        the answer from the store and passes it on itself."""
+        if turn.state is TurnState.WAITING:
+            if last:
+                turn.move(TurnState.RESUMING)
+                turn.queued_values.append(message)
+                after.queued.append(turn)
+            else:
+                after.sends.append((turn.handle, message))  # type: ignore[arg-type]
+        elif turn.state is TurnState.PARKED:
+            if last:
+                turn.move(TurnState.QUEUED)  # replayed from its journal in a fresh process
+                after.queued.append(turn)
+        elif turn.state not in (TurnState.ELSEWHERE, TurnState.QUEUED):  # QUEUED: just taken over, replay reads the journal
+            raise InvalidTransition(f"session {session.session_id} is interrupted but its turn is {turn.state.value}")
+        after.publish.append(session.session_id)
+
+    def _not_pending(self, session: Session, interrupt_id: str) -> InterruptNotPending:
+        """The 404 for a resume of an interrupt that is not pending. An instance that learned
+        of the answer from another's commit only knows it was answered, not by whom (the turn
+        may have ended since, taking its journal with it), so on a shared store the audit
+        says whether it expired."""
+        self.replicas.learn_answer(session, interrupt_id)
+        return InterruptNotPending(session.why_not_pending(interrupt_id))
+
+    def _adopt_locked(self, session: Session, turn: Turn, after: After) -> None:
+        """A stored turn becomes this instance's to run: parked while it waits on a person,
+        queued for replay otherwise; its deadline and interrupt expiries are timed here."""
+        pending = turn.pending()
+        turn.move(TurnState.PARKED if pending else TurnState.QUEUED)
+        if not pending:
+            after.queued.append(turn)
+        for entry in pending:
+            if entry.expires_at is not None:
+                self.timers.schedule(entry.expires_at, "expire", turn, arg=entry.seq)
+        if turn.deadline is not None:
+            self.timers.schedule(turn.deadline, "timeout", turn)
+
+    # -- the pool's listener (manager thread) --------------------------------------------
+
+    def worker_message(self, handle: Handle, message: object) -> None:
+        """A message from a turn's process. If the store cannot take it now (locked, full),
+        it waits in the turn's backlog, with every later message of that turn behind it, and
+        is retried: a worker message is never dropped (see ``_retry_backlog``)."""
+        session, turn = self._owner(handle)
+        if session is None or turn is None:
+            return
+        after = After()
+        try:
+            with session.lock:
+                if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
+                    return  # a message from a process this turn no longer owns
+                turn.last_heard = time.monotonic()
+                if turn.backlog:
+                    turn.backlog.append(message)
+                else:
+                    try:
+                        self._apply_or_end_locked(session, turn, handle, message, after)
+                    except ServerUnavailable as exc:
+                        turn.backlog.append(message)
+                        turn.backlog_since = time.monotonic()
+                        log.warning("session %s: %s; the worker's message waits and is retried", session.session_id, exc.detail)
+                        self.timers.schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
+        finally:
+            self._finish(after)  # what was decided before a failure (a slot freed) still happens
+        if self._stopped and isinstance(message, Interrupt):
+            self._settle_for_shutdown(session)  # nobody can answer it before the next start
+
+    def _apply_or_end_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: After) -> None:
+        """``_apply_locked``, and if it fails for any reason but the store's refusal (a bug, or
+        a fault in a collaborator such as a metrics hook), end the turn in error and stop its
+        process. Left alone, such a turn would never end: after an outcome the pool has
+        already finished the handle, and after an interrupt or a record the worker waits for
+        an answer or an ``Ack`` that nothing will send. It would hold its compute slot and
+        keep a graceful stop waiting."""
+        outcome = isinstance(message, (Result, Failure))
+        try:
+            self._apply_locked(session, turn, handle, message, after)
+        except StoreCannotTake as exc:  # a retry would fail the same way
+            log.warning("session %s: its worker's %s cannot be stored (%s); the turn ends in error", session.session_id, type(message).__name__, exc.detail)
+        except ServerUnavailable:
+            raise
+        except Exception:
+            log.exception("session %s: applying its worker's %s failed; the turn ends in error", session.session_id, type(message).__name__)
+        else:
+            return
+        if session.turn is turn and turn.state is not TurnState.ENDED:
+            self._end_locked(session, turn, error=OUTCOME_FAILED if outcome else MESSAGE_FAILED, after=after)
+
+    def _apply_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: After) -> None:
+        """Commit, then apply, one worker message. Raises ``ServerUnavailable`` with nothing
+        changed when the store refuses the write. On a shared store, a row another instance
+        changed first (an answer given there, a delete) is read again and the message
+        applied to it; if the turn is no longer this instance's, the message is dropped and
+        the worker stopped (by the refresh)."""
+        for attempt in range(STALE_RETRIES):
+            try:
+                # After a refusal, a result's history is written whole: the refusal may have
+                # been the store finding fewer of the kept messages than it was told (rows
+                # changed without the version), which reading the row again does not mend.
+                self._apply_once_locked(session, turn, handle, message, after, whole_history=attempt > 0)
+                return
+            except StaleSession:
+                session.stale = True
+                self.replicas.fresh_locked(session, after)
+                if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
+                    return
+        raise ServerUnavailable(f"Session {session.session_id} kept changing on other instances")
+
+    def _apply_once_locked(
+        self, session: Session, turn: Turn, handle: Handle, message: object, after: After, whole_history: bool = False
+    ) -> None:
+        problem = message_problem(message) or turn.conflict(message)
+        if problem is not None:  # the session stays as it was; the process is stopped
+            log.warning("session %s: its worker sent a malformed %s", session.session_id, problem)
+            self._end_locked(session, turn, error=f"Worker sent a malformed {problem}", after=after)
+            return
+        if isinstance(message, Interrupt):
+            self._interrupted_locked(session, turn, message, after)
+        elif isinstance(message, Record):
+            self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
+            turn.journal[message.entry.seq] = message.entry
+            if message.ack:
+                after.sends.append((handle, Ack(message.entry.seq)))
+        elif isinstance(message, Result):
+            state, kept = resulting_state(handle.job.state, message)
+            # The store holds the session's state as it was when the job was made, so the
+            # messages kept need not be written again; checked by identity, cheaply, in case
+            # the session's state was replaced since (then everything is written).
+            stored = session.state
+            if whole_history or kept > len(stored) or any(a is not b for a, b in zip(stored[:kept], handle.job.state)):
+                kept = 0
+            self._end_locked(session, turn, after=after, response=message.response, state=state, kept=kept)
+        elif isinstance(message, Failure):
+            self._end_locked(session, turn, error=message.error, after=after)
+        else:
+            log.warning("ignored unexpected %s from the worker of session %s", type(message).__name__, session.session_id)
+
+    def _retry_backlog(self, turn: Turn) -> None:
+        """Apply a turn's waiting worker messages in order (housekeeping thread). After
+        ``STORE_GIVE_UP_SECONDS`` of failures the turn ends in error: its process is stopped,
+        and the store keeps what it last accepted (replayed at the next start if durable)."""
+        session = self._lookup(turn.session_id)
+        if session is None:
+            return
+        after = After()
+        try:
+            with session.lock:
+                if session.turn is not turn or turn.state is TurnState.ENDED or not turn.backlog:
+                    return
+                handle = turn.handle
+                try:
+                    while turn.backlog:
+                        self._apply_or_end_locked(session, turn, handle, turn.backlog[0], after)  # type: ignore[arg-type]
+                        turn.backlog.popleft()
+                        if session.turn is not turn or turn.state is TurnState.ENDED:
+                            turn.backlog.clear()
+                except ServerUnavailable as exc:
+                    if time.monotonic() - turn.backlog_since < STORE_GIVE_UP_SECONDS:
+                        self.timers.schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
+                    else:
+                        log.error("session %s: giving up on the store after %.0f s: %s", session.session_id, STORE_GIVE_UP_SECONDS, exc.detail)
+                        turn.backlog.clear()
+                        error = f"Could not save the turn to the session store: {exc.detail}"
+                        session.error = error
+                        self._stop_turn_locked(turn, after)
+                        session.turn = None
+                        after.publish.append(session.session_id)
+                        self.metrics.turn_ended("error", time.monotonic() - turn.started)
+        finally:
+            self._finish(after)  # what was decided before a failure (a slot freed) still happens
+
+    def worker_exited(self, handle: Handle) -> None:
+        self.worker_message(handle, Failure(error=EXITED))
+
+    def _owner(self, handle: Handle) -> tuple[Session | None, Turn | None]:
+        with self._registry:
+            session = self._sessions.get(handle.session_id)
+        if session is None:
+            return None, None
+        return session, session.turn
+
+    def _interrupted_locked(self, session: Session, turn: Turn, message: Interrupt, after: After) -> None:
+        now = self._clock()
+        known = turn.journal.get(message.seq)
+        events: list[Event] = []
+        if known is not None and known.kind == INTERRUPT and known.ref == message.interrupt_id:
+            entry = known  # a replay waits again on an interrupt it had raised before
+        else:
+            kind = message.payload.get("type")
+            timeout = message.timeout if message.timeout is not None and message.timeout > 0 else None
+            entry = JournalEntry(
+                seq=message.seq, kind=INTERRUPT, key=canonical_payload(message.payload),
+                label=storable_text(kind) if isinstance(kind, str) else "unknown", ref=message.interrupt_id, payload=message.payload,
+                parent=message.parent, created_at=now,
+                expires_at=now + timeout if timeout is not None else None,
+                default=pack(("ok", message.default)) if timeout is not None else None,
+            )
+            events.append(session.event("interrupt", now, **interrupt_data(entry)))
+        if session.status is not SessionStatus.INTERRUPTED:
+            events.append(session.event("status", now, status=SessionStatus.INTERRUPTED.value))
+        self._save(session, session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry], events)
+        turn.journal[entry.seq] = entry
+        session.touched = now
+        if entry is not known:
+            self.metrics.interrupt_raised()
+        if entry is not known and entry.expires_at is not None:
+            self.timers.schedule(entry.expires_at, "expire", turn, arg=entry.seq)
+        if entry is not known and webhook_wants(turn.webhook, "interrupted"):
+            after.ended.append(TurnEnd(
+                session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
+                messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
+            ))
+        if turn.state is TurnState.RESUMING:
+            after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
+            turn.queued_values.clear()
+        after.freed += turn.move(TurnState.WAITING)
+        after.publish.append(session.session_id)
+        if self.park_after is not None:
+            self.timers.schedule(time.monotonic() + max(self.park_after, PARK_SETTLE_SECONDS), "park", turn, monotonic=True)
+
+    def _end_locked(
+        self,
+        session: Session,
+        turn: Turn,
+        after: After,
+        *,
+        error: str | None = None,
+        response: dict[str, Any] | None = None,
+        state: list[dict[str, Any]] | None = None,
+        kept: int = 0,
+    ) -> None:
+        """Any live state -> ENDED, with the session idle (a result) or in error. ``kept``:
+        how many leading messages of ``state`` are the session's stored ones, unchanged."""
+        now = self._clock()
+        if error is not None:
+            error = storable_text(error)
+        status = SessionStatus.ERROR if error is not None else SessionStatus.IDLE
+        new_state = list(state) if state is not None else session.state
+        events = [
+            session.event("error", now, error=error) if error is not None else session.event("message", now, response=response),
+            session.event("status", now, status=status.value),
+        ]
+        self._save(session, session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None,
+                                           owner=None, kept=kept if state is not None else 0), events=events)
+        if error is not None:
+            lines = error.strip().splitlines()
+            why = f"its turn ended with an error ({lines[-1] if lines else 'no message'})"
+        else:
+            why = "its turn has already finished"
+        for entry in turn.pending():
+            session.retire(entry.ref or "", why)
+        session.response, session.error, session.state, session.touched = response, error, new_state, now
+        session.owner = None
+        self._stop_turn_locked(turn, after)
+        session.turn = None  # its journal goes with it; late messages from it are ignored
+        after.publish.append(session.session_id)
+        if error is not None:
+            after.failed.append((session.session_id, error))
+        if webhook_wants(turn.webhook, status.value):  # only then is anything kept for a webhook
+            include = bool(turn.webhook.get("include_messages"))  # type: ignore[union-attr]
+            after.ended.append(
+                TurnEnd(session_id=session.session_id, status=status, response=response, error=error,
+                        messages=new_state if include else [], webhook=turn.webhook)
+            )
+        self.metrics.turn_ended(OUTCOMES.get(error, "error"), time.monotonic() - turn.started)  # last: it may raise
+
+    def _stop_turn_locked(self, turn: Turn, after: After) -> None:
+        after.freed += turn.move(TurnState.ENDED)
+        turn.queued_values.clear()
+        if turn.handle is not None:
+            after.stop.append(turn.handle)
+            turn.handle = None
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Hand free compute slots to queued turns (any thread, no session lock held)."""
+        if self.pool is None:
+            return
+        self.slots.dispatch(self._grant)
+
+    def _grant(self, turn: Turn) -> bool:
+        session = self._lookup(turn.session_id)
+        if session is None:
+            return False
+        after = After()
+        with session.lock:
+            if session.deleted or session.turn is not turn or self._draining_done:
+                return False  # gone, moved on, or past the shutdown grace: start nothing new
+            if turn.state is TurnState.QUEUED:
+                job = Job(
+                    session_id=turn.session_id, turn_id=turn.turn_id, message=turn.message, state=list(session.state),
+                    max_interrupts=self.max_interrupts, journal=tuple(sorted(turn.journal.values(), key=lambda e: e.seq)),
+                    grants=turn.grants,
+                )
+                turn.handle = Handle(session_id=turn.session_id, turn_id=turn.turn_id, job=job)
+                turn.last_heard = time.monotonic()
+                after.launch.append(turn.handle)
+            elif turn.state is TurnState.RESUMING:
+                after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
+                turn.queued_values.clear()
+            else:
+                return False  # a stale queue entry: the turn moved on
+            turn.move(TurnState.RUNNING)
+        self._finish(after)
+        return True
+
+    # -- after the lock ------------------------------------------------------------------
+
+    def _finish(self, after: After) -> None:
+        """Do what a transition decided, with no session lock held: pool actions, slot
+        release, queueing, publishing, webhooks."""
+        pool = self.pool
+        if pool is not None:
+            for handle in after.kill:
+                pool.kill(handle)
+            for handle in after.stop:
+                pool.stop(handle)
+            for handle in after.launch:
+                try:
+                    pool.launch(handle)
+                except PoolClosed:
+                    self.worker_message(handle, Failure(error=CANCELLED))
+            for handle, message in after.sends:
+                pool.send(handle, message)
+        if after.freed or after.queued:
+            self.slots.release(after.freed, after.queued)
+            # Before waking the watchers: a resumed turn gets its slot and its value first,
+            # rather than after every open event stream has had the GIL.
+            self._dispatch()
+        for session_id in after.publish:
+            self.events.publish(session_id)
+        for session_id, error in after.failed:
+            log.info("turn of session %s failed: %s", session_id, last_line(error))
+        for end in after.ended:
+            self._on_end(end)
+
+    def _save(
+        self,
+        session: Session,
+        record: SessionRecord,
+        entries: list[JournalEntry] | tuple[JournalEntry, ...] = (),
+        events: list[Event] | tuple[Event, ...] = (),
+        audit: list[AuditRecord] | tuple[AuditRecord, ...] = (),
+    ) -> None:
+        self._commit(lambda: self.store.save(record, entries, events, audit))
+        session.version = record.version
+
+    @staticmethod
+    def _commit(write: Callable[[], object]) -> None:
+        try:
+            write()
+        except StaleSession:
+            raise  # another instance changed the row: the caller reads it again
+        except (UnicodeError, OverflowError) as exc:
+            log.warning("store write refused: %s: %s", type(exc).__name__, exc)
+            raise StoreCannotTake(f"The session store cannot take the change: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            log.exception("store write failed")
+            raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,124 @@
+"""Queries: what the API reads about sessions (a session, its messages and live turn, its
+grants and audit, lists, the inbox of pending interrupts, counts for health and metrics, and
+long polls), a mixin of ``Turns``.
+
+Guarantees: every read of one session is made under its lock on an up-to-date copy (on a
+shared store, the row's version is checked first: ``Machine._read``), and returns a snapshot
+(``SessionView``, copies of lists and dicts) that is safe to use once the lock is released;
+a deleted session is a 404. Lists and the inbox read every session, those another instance
+changed read again first. Reads change nothing and publish nothing.
+
+Threads: request threads. The sessions are the machine's, each guarded by its own lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from motus.serve.errors import SessionNotFound
+from motus.serve.events import ALL
+from motus.serve.protocol import JournalEntry
+from motus.serve.store import AuditRecord
+from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, SessionView, TurnState
+
+if TYPE_CHECKING:
+    from motus.serve.turns.machine import Machine
+
+
+class Queries:
+    """The reads of ``Turns`` (on the machine's state)."""
+
+    def __len__(self: Machine) -> int:
+        with self._registry:
+            return len(self._sessions)
+
+    def get(self: Machine, session_id: str) -> SessionView:
+        return self._read(session_id, Session.view)
+
+    def messages(self: Machine, session_id: str) -> list[dict[str, Any]]:
+        return self._read(session_id, lambda session: list(session.state))
+
+    def live(self: Machine, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
+        """A snapshot of the live turn (its id, message, journal and start time), or None
+        when the session has no turn running or waiting."""
+        def live(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
+            turn = session.turn
+            if turn is None or turn.state is TurnState.ENDED:
+                return None
+            return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at
+
+        try:
+            return self._read(session_id, live)
+        except SessionNotFound:
+            return None
+
+    def grants(self: Machine, session_id: str) -> dict[str, dict[str, Any]]:
+        return self._read(session_id, lambda session: dict(session.grants))
+
+    def audit(self: Machine, session_id: str) -> list[AuditRecord]:
+        self.get(session_id)  # 404 for an unknown session
+        return self.store.audit(session_id)
+
+    def inbox(self: Machine, kind: str | None = None) -> list[tuple[str, PendingInterrupt]]:
+        """Every pending interrupt of every session (of type ``kind``), oldest first."""
+        found = []
+        for session in self._all_fresh():
+            with session.lock:
+                if session.deleted:
+                    continue
+                for item in session.view().interrupts:
+                    if kind is None or item.type == kind:
+                        found.append((session.session_id, item))
+        found.sort(key=lambda pair: (pair[1].created_at or 0.0, pair[1].interrupt_id))
+        return found
+
+    def wait_inbox(self: Machine, kind: str | None, timeout: float) -> list[tuple[str, PendingInterrupt]]:
+        """``inbox`` as soon as it is not empty, or empty after ``timeout`` seconds."""
+        found = self.events.wait(ALL, lambda: self.inbox(kind) or None, timeout)
+        return found or []
+
+    def list(self: Machine) -> list[SessionView]:
+        views = []
+        for session in self._all_fresh():
+            with session.lock:
+                if not session.deleted:
+                    views.append(session.view())
+        return views
+
+    def counts(self: Machine) -> dict[str, int]:
+        live = parked = 0
+        for session in self._all():
+            turn = session.turn
+            state = turn.state if turn is not None else None
+            if state is TurnState.PARKED:
+                parked += 1
+            elif state is not None and state not in (TurnState.ENDED, TurnState.ELSEWHERE):
+                live += 1
+        running = self.slots.in_use()
+        return {"running_workers": running, "live_turns": live, "parked_turns": parked}
+
+    def interrupt_counts(self: Machine) -> tuple[int, int]:
+        """For metrics: interrupts waiting on a person, and how many of them belong to
+        parked turns."""
+        pending = parked = 0
+        for session in self._all():
+            with session.lock:
+                turn = session.turn
+                if turn is None or session.status is not SessionStatus.INTERRUPTED:
+                    continue
+                count = len(turn.pending())
+                pending += count
+                if turn.state is TurnState.PARKED:
+                    parked += count
+        return pending, parked
+
+    def wait(self: Machine, session_id: str, timeout: float) -> SessionView:
+        """Block until the session is not ``running`` or ``timeout`` seconds pass; at once
+        while the server is closing. ``SessionNotFound`` if it is (or gets) deleted."""
+
+        def check() -> SessionView | None:
+            view = self.get(session_id)
+            return view if view.status is not SessionStatus.RUNNING else None
+
+        view = self.events.wait(session_id, check, timeout)
+        return view if view is not None else self.get(session_id)

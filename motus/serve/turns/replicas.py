@@ -1,0 +1,389 @@
+"""Replicas: what other server instances on the same store do to this one's sessions.
+
+On a shared store (PostgreSQL, several instances) the store is the truth and each instance's
+sessions are a cache of it; in one process (memory, SQLite) the working copy is the truth and
+there is nobody else. ``Replicas`` is what the turn machine asks either way, so it never asks
+which store it has: ``LocalReplicas`` for one process, ``SharedReplicas`` for several.
+
+Guarantees of ``SharedReplicas``:
+
+- Every write names the row version it was based on and is refused (``StaleSession``) if
+  another instance wrote first; the machine then decides again on the row as it is. A request
+  reads the row's version before it answers (``fresh_locked(verify=True)``), so it sees
+  whatever another instance acknowledged before it.
+- A live turn runs on the instance that owns it (``Session.owner``); answers given elsewhere
+  reach it through the store's listener (``changed_elsewhere`` -> ``refresh_locked``), and a
+  worker of a turn this instance lost (its lease lapsed, another took it) is stopped: two
+  never run one turn.
+- The lease is renewed three times a lease (``renew``, housekeeping thread); the live turns
+  of an instance whose lease lapsed are taken over, each by exactly one instance; after an
+  outage of this instance's own, nothing is taken over for one lease period.
+
+Threads: request threads call ``load``, ``catch_up``, ``fresh_locked`` (under the session's
+lock), ``owner_alive`` and ``learn_answer``; the store's listener thread calls
+``changed_elsewhere`` and ``reconnected``; the housekeeping thread ``renew``. The sessions
+are the machine's, guarded as it says; ``_lease_lost`` and ``_claim_after`` belong to the
+housekeeping thread (and ``start``, before it runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from motus.serve.errors import ServerUnavailable
+from motus.serve.events import ALL
+from motus.serve.journal import unpack
+from motus.serve.protocol import INTERRUPT, Resume
+from motus.serve.store import Event, SessionRecord, SharedStore, Store
+from motus.serve.turns.state import ALREADY_RESUMED, BY_TIMEOUT, EXPIRED, After, Session, TurnState, session_from
+
+if TYPE_CHECKING:
+    from motus.serve.turns.machine import Machine
+
+log = logging.getLogger(__name__)
+
+
+class Replicas(ABC):
+    """What the other instances on this store do, as the turn machine needs to know it."""
+
+    #: This instance's name in the store: the owner of the turns it runs.
+    instance: str
+
+    @property
+    @abstractmethod
+    def lease_every(self) -> float | None:
+        """How often the housekeeping thread calls ``renew`` (None: never)."""
+
+    @abstractmethod
+    def recover(self) -> int:
+        """After the sessions are loaded (before serving): make the live turns this instance
+        is to run its own. Returns how many will be replayed."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start following the other instances' changes (once the pool is up)."""
+
+    @abstractmethod
+    def load(self, session_id: str) -> Session | None:
+        """A session this instance does not know yet, read from the store into the
+        registry, or None."""
+
+    @abstractmethod
+    def catch_up(self) -> None:
+        """Before a listing: mark every session another instance changed, and load those it
+        created. ``ServerUnavailable`` when the store cannot be read."""
+
+    @abstractmethod
+    def fresh_locked(self, session: Session, after: After, verify: bool = False) -> None:
+        """Under the session's lock: bring the working copy up to the stored row if another
+        instance changed it (``verify``: ask the store, rather than trust the listener)."""
+
+    @abstractmethod
+    def refresh_locked(self, session: Session, after: After, force: bool = False) -> None:
+        """Under the session's lock: read the stored row again and make it the working copy
+        (``force``: even at the same version, whose journal may have grown)."""
+
+    @abstractmethod
+    def owner_alive(self, owner: str | None) -> bool:
+        """Whether the instance ``owner`` still runs its turns (else a resume takes over)."""
+
+    @abstractmethod
+    def learn_answer(self, session: Session, interrupt_id: str) -> None:
+        """For the 404 of a resume of an interrupt that is not pending: retire it with why
+        (expired, or already resumed) if another instance answered it."""
+
+    @abstractmethod
+    def delete_row(self, session: Session, events: Sequence[Event]) -> None:
+        """Delete the session's row, with ``events`` (the machine commits it)."""
+
+    @abstractmethod
+    def renew(self) -> None:
+        """Housekeeping: renew this instance's lease and take over the lapsed ones' turns."""
+
+
+class LocalReplicas(Replicas):
+    """One server process: there are no other instances. The working copy is the truth (the
+    store only keeps it), so nothing is ever read back, and every live turn is this one's."""
+
+    instance = "local"
+
+    def __init__(self, store: Store, machine: Machine) -> None:
+        self.store = store
+        self.machine = machine
+
+    @property
+    def lease_every(self) -> float | None:
+        return None  # no lease: nobody else could take a turn over
+
+    def recover(self) -> int:
+        """Every stored live turn is this process's: parked while it waits on a person,
+        queued for replay otherwise."""
+        after = After()
+        for session in self.machine._all():
+            if session.turn is not None:
+                self.machine._adopt_locked(session, session.turn, after)
+        self.machine.slots.release(0, after.queued)
+        return len(after.queued)
+
+    def start(self) -> None:
+        """Nothing to follow: no other instance writes."""
+
+    def load(self, session_id: str) -> Session | None:
+        return None  # every session of the store is in the registry from the start
+
+    def catch_up(self) -> None:
+        """Nothing to catch up with: no other instance writes."""
+
+    def fresh_locked(self, session: Session, after: After, verify: bool = False) -> None:
+        """The working copy is the row: always fresh."""
+
+    def refresh_locked(self, session: Session, after: After, force: bool = False) -> None:
+        """The working copy is the row: nothing to read back."""
+
+    def owner_alive(self, owner: str | None) -> bool:
+        return True  # the only instance, alive
+
+    def learn_answer(self, session: Session, interrupt_id: str) -> None:
+        """Every answer was given here, and retired with its reason then."""
+
+    def delete_row(self, session: Session, events: Sequence[Event]) -> None:
+        self.store.delete(session.session_id, events)
+
+    def renew(self) -> None:
+        """No lease to renew."""
+
+
+class SharedReplicas(Replicas):
+    """Several instances on one ``SharedStore`` (see the module docstring)."""
+
+    def __init__(self, store: SharedStore, machine: Machine) -> None:
+        self.store = store
+        self.machine = machine
+        self.instance = store.instance_id
+        # Housekeeping thread: whether the last lease renewal failed, and until when
+        # (monotonic) no other instance's turn is taken over.
+        self._lease_lost = False
+        self._claim_after = 0.0
+
+    @property
+    def lease_every(self) -> float | None:
+        # Three times a lease, so one missed renewal never lets it lapse.
+        return self.store.lease_seconds / 3
+
+    def recover(self) -> int:
+        """Every live turn is first seen as another instance's: those whose instance is
+        gone are taken over by ``start`` (``claim_orphans``), each by one instance."""
+        return 0
+
+    def start(self) -> None:
+        self.store.listen(self.changed_elsewhere, self.reconnected)
+        self.renew()
+
+    def load(self, session_id: str) -> Session | None:
+        if "\x00" in session_id:  # (no text column holds a NUL)
+            return None
+        return self._load(session_id)
+
+    def catch_up(self) -> None:
+        try:
+            versions = self.store.versions()
+        except Exception as exc:
+            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+        for session in self.machine._all():
+            if versions.get(session.session_id) != session.version:
+                session.stale = True
+        with self.machine._registry:
+            unknown = [session_id for session_id in versions if session_id not in self.machine._sessions]
+        for session_id in unknown:
+            self._load(session_id)
+
+    def learn_answer(self, session: Session, interrupt_id: str) -> None:
+        """An instance that learned of the answer from another's commit only knows it was
+        answered, not by whom: the audit says whether it expired."""
+        if session.retired.get(interrupt_id) in (None, ALREADY_RESUMED):
+            try:
+                records = self.store.audit(session.session_id)
+            except Exception as exc:  # the 404 stands; only its reason is less precise
+                log.warning("session %s: could not read the audit for a late resume: %s", session.session_id, exc)
+                records = []
+            for record in records:
+                if record.kind == "resolved" and record.data.get("interrupt_id") == interrupt_id:
+                    session.retire(interrupt_id, EXPIRED if record.by == BY_TIMEOUT else ALREADY_RESUMED)
+
+    def delete_row(self, session: Session, events: Sequence[Event]) -> None:
+        self.store.delete(session.session_id, events, version=session.version)
+
+    def _load(self, session_id: str) -> Session | None:
+        """A session another instance created, read from the store into the registry."""
+        record = self._read(session_id)
+        if record is None:
+            return None
+        session = session_from(record)
+        with self.machine._registry:
+            return self.machine._sessions.setdefault(session_id, session)
+
+    def _read(self, session_id: str) -> SessionRecord | None:
+        try:
+            return self.store.load_one(session_id)
+        except Exception as exc:
+            log.warning("could not read session %s from the store: %s", session_id, exc)
+            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+
+    def owner_alive(self, owner: str | None) -> bool:
+        """For a resume: a live lease and a connection, asked of the store; an instance just
+        back from an outage of its own takes nobody for gone (see ``renew``)."""
+        if owner is None or owner == self.instance:
+            return owner is not None
+        if time.monotonic() < self._claim_after:
+            return True  # just after an outage, nobody is taken for gone (see renew)
+        try:
+            return self.store.owner_alive(owner)
+        except Exception as exc:
+            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+
+    def fresh_locked(self, session: Session, after: After, verify: bool = False) -> None:
+        """Read the session again if another instance changed it. ``verify`` asks the
+        store for the row's version rather than trusting the listener (a request must see
+        what another instance acknowledged before it, whose notice may still be on its way)."""
+        if session.deleted:
+            return
+        if verify and not session.stale:
+            try:
+                version = self.store.version_of(session.session_id)
+            except Exception as exc:
+                raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+            session.stale = version != session.version
+        if session.stale:
+            self.refresh_locked(session, after)
+
+    def refresh_locked(self, session: Session, after: After, force: bool = False) -> None:
+        """Bring the working copy up to the stored row another instance wrote.
+
+        - The row is gone: the session was deleted; a worker of it here is stopped.
+        - This instance runs the live turn: interrupts answered elsewhere are passed on to
+          its worker (or, all answered, a parked turn is replayed), as a resume here would.
+        - Otherwise the stored turn replaces ours: someone else's (``ELSEWHERE``), or one just
+          taken over from a gone instance (adopted). A worker of a turn this instance lost
+          (its lease lapsed and another took it) is stopped: two never run one turn."""
+        record = self._read(session.session_id)
+        session.stale = False
+        turn = session.turn
+        live = turn is not None and turn.state is not TurnState.ENDED
+        if record is None:
+            session.deleted = True
+            if live:
+                self.machine._stop_turn_locked(turn, after)  # type: ignore[arg-type]
+                for entry in turn.pending():  # type: ignore[union-attr]
+                    session.retire(entry.ref or "", "the session was deleted")
+            with self.machine._registry:
+                if self.machine._sessions.get(session.session_id) is session:
+                    del self.machine._sessions[session.session_id]
+            after.publish.append(session.session_id)
+            return
+        ours = record.owner == self.instance
+        if record.version == session.version and not force and not (ours and live and turn.state is TurnState.ELSEWHERE):  # type: ignore[union-attr]
+            return
+        fresh = session_from(record)
+        keep = live and ours and fresh.turn is not None and turn.turn_id == fresh.turn.turn_id and turn.state is not TurnState.ELSEWHERE  # type: ignore[union-attr]
+        session.version, session.owner, session.touched = fresh.version, fresh.owner, fresh.touched
+        session.response, session.error = fresh.response, fresh.error
+        session.state, session.turn_id, session.grants = fresh.state, fresh.turn_id, fresh.grants
+        if keep:
+            answered = []
+            for entry in fresh.turn.journal.values():  # type: ignore[union-attr]
+                known = turn.journal.get(entry.seq)  # type: ignore[union-attr]
+                if known is not None and known.kind == INTERRUPT and not known.done and entry.done:
+                    turn.journal[entry.seq] = entry  # type: ignore[union-attr]
+                    answered.append(entry)
+            for index, entry in enumerate(answered):
+                session.retire(entry.ref or "", ALREADY_RESUMED)
+                last = index == len(answered) - 1 and not turn.pending()  # type: ignore[union-attr]
+                try:
+                    value = unpack(entry.value)
+                except Exception as exc:  # an answer is always a value; a default may not load here
+                    value = {"error": f"could not read the stored answer: {exc}"}
+                if turn.state in (TurnState.WAITING, TurnState.PARKED):  # type: ignore[union-attr]
+                    self.machine._deliver_locked(session, turn, Resume(interrupt_id=entry.ref or "", value=value), last, after)  # type: ignore[arg-type]
+                else:  # cannot happen: a turn with a pending interrupt waits; logged, never raised
+                    log.warning("session %s: an answer given elsewhere found the turn %s", session.session_id, turn.state.value)  # type: ignore[union-attr]
+        else:
+            if live:
+                for entry in turn.pending():  # type: ignore[union-attr]
+                    session.retire(entry.ref or "", ALREADY_RESUMED)
+                self.machine._stop_turn_locked(turn, after)  # type: ignore[arg-type]
+            session.turn = fresh.turn
+            if fresh.turn is not None and ours:
+                self.machine._adopt_locked(session, fresh.turn, after)
+        after.publish.append(session.session_id)
+
+    def changed_elsewhere(self, session_id: str, version: int, new_events: bool = True) -> None:
+        """The store's listener: a change was committed (by any instance). A session whose
+        live turn runs here is read again at once (its worker may be owed an answer, or may
+        have to stop); any other is marked to be read again when next used. Then the
+        session's waiters are woken (its long polls, streams and the inbox)."""
+        session = self.machine._lookup(session_id)
+        if session is not None and version == session.version and not new_events:
+            return  # this instance's own change, already published when it was committed
+        if session is None:
+            if version > 0:
+                session = self._load(session_id)  # new here: the inbox and lists show it
+        elif version != session.version:
+            session.stale = True
+            turn = session.turn
+            deleted = version == 0  # forgotten here at once: its id may be created again, it counts no more
+            if deleted or session.owner == self.instance or (turn is not None and turn.state not in (TurnState.ENDED, TurnState.ELSEWHERE)):
+                self.machine._refresh_now(session, publish=True)
+        self.machine.events.publish(session_id)
+
+    def reconnected(self) -> None:
+        """The listener was away: anything may have changed. Everything is read again."""
+        for session in self.machine._all():
+            session.stale = True
+        for session in self.machine._all():
+            self.changed_elsewhere(session.session_id, -1)
+        self.machine.events.publish(ALL)
+
+    def renew(self) -> None:
+        """Renew this instance's lease, then take over the live turns of instances whose
+        lease lapsed (housekeeping thread, and once at start). The store gives each to
+        exactly one instance; the new owner replays it, or keeps it parked."""
+        try:
+            self.store.renew_lease(fresh=self._lease_lost)  # not held up by the pool's reconnect backoff
+        except Exception as exc:
+            self._lease_lost = True
+            log.warning("could not renew this instance's lease: %s", exc)
+            return
+        if self._lease_lost:
+            # After an outage every lease may have lapsed, the live instances' too: take
+            # nothing over until each has had a full lease to renew its own.
+            self._lease_lost = False
+            self._claim_after = time.monotonic() + self.store.lease_seconds
+            log.info("the lease is renewed again; no turn is taken over for one lease period")
+        if time.monotonic() < self._claim_after:
+            return
+        try:
+            claimed = self.store.claim_orphans()
+        except Exception as exc:
+            log.warning("could not take over the turns of gone instances: %s", exc)
+            return
+        for session_id in claimed:
+            log.info("taking over the turn of session %s from an instance whose lease lapsed", session_id)
+            session = self.machine._lookup(session_id) or self._load(session_id)
+            if session is None:
+                continue
+            session.stale = True
+            try:
+                self.machine._refresh_now(session, publish=True)
+            except ServerUnavailable as exc:
+                log.warning("session %s: %s", session_id, exc.detail)
+
+
+def replicas_for(store: Store, machine: Machine) -> Replicas:
+    """The replicas of ``store``: shared when several instances can share it."""
+    if isinstance(store, SharedStore):
+        return SharedReplicas(store, machine)
+    return LocalReplicas(store, machine)

@@ -1,0 +1,234 @@
+"""Turns: all sessions of this server and the life of their turns; this module holds the
+sessions' own lifecycle (create, delete, the TTL sweep, a remembered approval revoked) and the
+server's start and stop (recover from the store, start, shut down).
+
+``Turns`` is assembled from one concern a module:
+
+- ``motus.serve.turns.state``: ``Turn`` and its states, ``Session`` (its status derived
+  from its turn), the records the API and webhooks see.
+- ``motus.serve.turns.machine``: the transitions, the worker messages, the effects after
+  the lock (``Machine``, the base).
+- ``motus.serve.turns.queries``: the reads (``Queries``).
+- ``motus.serve.turns.timers``: deadlines, expiries, parking, retries (``TimedMoves``) and
+  the housekeeping thread (``Timers``).
+- ``motus.serve.turns.slots``: the compute slots (``Slots``).
+- ``motus.serve.turns.replicas``: the other instances on a shared store, or none
+  (``Replicas``).
+
+Guarantees (the machine's hold here too: commit, then apply, then publish; effects after the
+lock):
+
+- A session id exists at most once; ``--max-sessions`` caps how many exist; a session that
+  could not be saved does not exist.
+- Shutdown: turns waiting on a person are parked (durable store: they wait in the store for
+  the next start) or cancelled (memory); running turns get the shutdown grace; afterwards
+  they are left to be replayed (durable) or cancelled (memory). A quick stop (``hurry``) cuts
+  the grace short.
+- The TTL sweep removes only idle and error sessions nothing has written to for ``ttl``.
+
+Threads: request threads create, delete, revoke; the server's thread recovers, starts and
+shuts down; the housekeeping thread sweeps. Lock order is the machine's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from motus.serve.errors import GrantNotFound, ServerUnavailable, SessionConflict, SessionLimitReached
+from motus.serve.pool import WorkerPool
+from motus.serve.store import AuditRecord, Event, StaleSession
+from motus.serve.turns.machine import Machine
+from motus.serve.turns.queries import Queries
+from motus.serve.turns.state import ANONYMOUS, CANCELLED, After, Session, SessionStatus, SessionView, TurnState, busy, session_from
+from motus.serve.turns.timers import TimedMoves
+
+log = logging.getLogger(__name__)
+
+
+class Turns(Queries, TimedMoves, Machine):
+    """All sessions of this server and the life of their turns (see the module docstrings)."""
+
+    # -- start and stop ------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Load every session from the store (before serving). Interrupted turns come back
+        parked with the same interrupt ids; running ones are queued to be replayed.
+        Returns how many turns will be replayed. On a shared store every live turn is first
+        seen as another instance's: those whose instance is gone are taken over by
+        ``start`` (``claim_orphans``), each by one instance."""
+        for record in self.store.load():
+            session = session_from(record)
+            with self._registry:
+                self._sessions[session.session_id] = session
+        return self.replicas.recover()
+
+    def start(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self.replicas.start()
+        self._housekeeper = threading.Thread(target=self._housekeep, name="motus-housekeeper", daemon=True)
+        self._housekeeper.start()
+        self._dispatch()
+
+    def busy(self) -> bool:
+        """Whether any turn is running code (the pool refills its spares when not)."""
+        return self.slots.busy()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work and release every long poll at once (any thread)."""
+        self._closing = True
+        self.events.close()
+
+    def hurry(self) -> None:
+        """Cut the running turns' shutdown grace short (a quick stop): ``shutdown`` treats
+        them as at the end of its ``timeout`` within a tenth of a second. Only sets a flag, so
+        it is safe from a signal handler."""
+        self._hurried = True
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop every turn. Turns waiting on a person are parked (durable store: they wait in
+        the store for the next start) or cancelled (memory). Running turns get ``timeout``
+        seconds to finish; then they are left to be replayed at the next start (durable) or
+        cancelled (memory). Idempotent."""
+        self.begin_shutdown()
+        if self._stopped:
+            return
+        self._stopped = True
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        while True:
+            for session in self._all():
+                self._settle_for_shutdown(session)  # waiting turns park (or are cancelled) as soon as they can
+            if not any(busy(s.turn) for s in self._all()):
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if self._hurried or (remaining is not None and remaining <= 0):
+                break
+            self.slots.wait(0.1 if remaining is None else min(0.1, remaining))
+        self._draining_done = True
+        for session in self._all():
+            self._settle_for_shutdown(session, force=True)
+        self.timers.wake()
+        if self._housekeeper is not None:
+            self._housekeeper.join()
+
+    def _settle_for_shutdown(self, session: Session, force: bool = False) -> None:
+        after = After()
+        with session.lock:
+            turn = session.turn
+            if turn is None or turn.state in (TurnState.ENDED, TurnState.ELSEWHERE):
+                return
+            waiting = turn.state is TurnState.PARKED or (turn.state is TurnState.WAITING and not turn.calls_in_flight())
+            if not (waiting or force):
+                return  # still doing work: it gets the shutdown grace
+            if self.store.durable:
+                if turn.handle is not None:
+                    after.kill.append(turn.handle)
+                    turn.handle = None
+                if turn.state is TurnState.WAITING:
+                    turn.move(TurnState.PARKED)
+                elif turn.state is not TurnState.PARKED:
+                    after.freed += turn.move(TurnState.ENDED)  # left "running" in the store: replayed at start
+            else:
+                self._end_locked(session, turn, error=CANCELLED, after=after)
+        self._finish(after)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def create(self, session_id: str | None = None, state: list[dict[str, Any]] | None = None) -> SessionView:
+        session = Session(session_id=session_id or str(uuid.uuid4()), touched=self._clock(), state=list(state or []))
+        with session.lock:
+            with self._registry:
+                if self._closing:
+                    raise ServerUnavailable("Server is shutting down")
+                if session.session_id in self._sessions:
+                    raise SessionConflict(f"Session {session.session_id} already exists")
+                if self.max_sessions and len(self._sessions) >= self.max_sessions:
+                    raise SessionLimitReached(
+                        f"Session limit reached ({self.max_sessions}); delete a session or raise --max-sessions"
+                    )
+                self._sessions[session.session_id] = session
+            try:
+                self._save(session, session.record(state=session.state), events=[session.event("status", session.touched, status="idle")])
+            except (ServerUnavailable, StaleSession) as exc:
+                session.deleted = True
+                with self._registry:
+                    self._sessions.pop(session.session_id, None)
+                if isinstance(exc, StaleSession):  # created on another instance meanwhile
+                    raise SessionConflict(f"Session {session.session_id} already exists") from None
+                raise
+            return session.view()
+
+    def delete(self, session_id: str) -> None:
+        """Remove the session; a live turn ends (its process gets ``EOFError`` and a grace)."""
+        def delete(session: Session, after: After) -> None:
+            self._delete_row(session, [session.event("status", self._clock(), status="deleted")])
+            session.deleted = True
+            turn = session.turn
+            if turn is not None and turn.state is not TurnState.ENDED:
+                self._stop_turn_locked(turn, after)
+                self.metrics.turn_ended("deleted", time.monotonic() - turn.started)
+                for entry in turn.pending():
+                    session.retire(entry.ref or "", "the session was deleted")
+            with self._registry:
+                self._sessions.pop(session_id, None)
+            after.publish.append(session_id)
+
+        self._attempt(session_id, delete)
+
+    def _delete_row(self, session: Session, events: list[Event]) -> None:
+        self._commit(lambda: self.replicas.delete_row(session, events))
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove idle and error sessions nothing has written to for ``ttl`` seconds."""
+        if not self.ttl:
+            return []
+        cutoff = (self._clock() if now is None else now) - self.ttl
+        removed: list[str] = []
+        changed: list[Session] = []
+        for session in self._all():
+            with session.lock:
+                if session.deleted or session.status not in (SessionStatus.IDLE, SessionStatus.ERROR) or session.touched > cutoff:
+                    continue
+                try:
+                    gone = [session.event("status", self._clock(), status="deleted", reason="ttl")]
+                    self._delete_row(session, gone)
+                except StaleSession:
+                    session.stale = True  # changed (or removed) elsewhere meanwhile: read again below
+                    changed.append(session)
+                    continue
+                except ServerUnavailable:
+                    log.warning("TTL sweep could not delete session %s from the store", session.session_id)
+                    continue
+                session.deleted = True
+                with self._registry:
+                    self._sessions.pop(session.session_id, None)
+                removed.append(session.session_id)
+            self.events.publish(session.session_id)
+        for session in changed:  # a session another instance swept (or wrote) first is forgotten or kept
+            try:
+                self._refresh_now(session, publish=False)
+            except ServerUnavailable as exc:
+                log.warning("TTL sweep: session %s is read again when next used: %s", session.session_id, exc.detail)
+        return removed
+
+    def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:
+        """Forget a remembered approval. A turn already running keeps the grants it started
+        with (a replay must see what the first run saw); the next turn asks again."""
+        def revoke(session: Session, after: After) -> None:
+            if tool_name not in session.grants:
+                raise GrantNotFound(f"Session {session_id} has no remembered approval for tool {tool_name!r}")
+            now = self._clock()
+            grants = {name: grant for name, grant in session.grants.items() if name != tool_name}
+            self._save(
+                session,
+                session.record(grants=grants, touched=now),
+                events=[session.event("revoke", now, tool_name=tool_name, by=by)],
+                audit=[AuditRecord(session_id, "revoke", now, by, {"tool_name": tool_name})],
+            )
+            session.grants, session.touched = grants, now
+            after.publish.append(session_id)
+
+        self._attempt(session_id, revoke)

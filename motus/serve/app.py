@@ -30,7 +30,7 @@ from motus.durable.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_dept
 from motus.models import ChatMessage
 from motus.serve.origin import check_request
 
-from motus.serve.schemas import (
+from motus.api.schemas import (
     AuditEntry,
     CreateSessionRequest,
     Grant,

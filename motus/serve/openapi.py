@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from motus import __version__
 from motus.models import ChatMessage
-from motus.serve.schemas import (
+from motus.api.schemas import (
     AuditEntry,
     CreateSessionRequest,
     ErrorResponse,

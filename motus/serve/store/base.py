@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from motus.serve.protocol import JournalEntry
+from motus.durable.records import JournalEntry
 
 #: The schema version this code writes and understands. 2 added the event log, the audit
 #: records, a session's grants, and an interrupt's creation time, expiry and default. 3

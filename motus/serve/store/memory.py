@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
-from motus.serve.protocol import JournalEntry
+from motus.durable.records import JournalEntry
 from motus.serve.store.base import RECENT_EVENTS, AuditRecord, Event, RecentEvents, SessionRecord, Store
 
 

@@ -30,7 +30,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 
-from motus.serve.protocol import JournalEntry
+from motus.durable.records import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
     RECENT_EVENTS,

@@ -40,10 +40,10 @@ from typing import Any, TypeVar
 
 from motus.serve.errors import InterruptNotPending, InvalidTransition, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
-from motus.serve.journal import canonical_payload, pack
+from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
-from motus.serve.protocol import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
+from motus.durable.records import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
 from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store
 from motus.serve.turns.replicas import Replicas, replicas_for
 from motus.serve.turns.slots import Slots

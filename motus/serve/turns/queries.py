@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from motus.serve.errors import SessionNotFound
 from motus.serve.events import ALL
-from motus.serve.protocol import JournalEntry
+from motus.durable.records import JournalEntry
 from motus.serve.store import AuditRecord
 from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, SessionView, TurnState
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import ALL
-from motus.serve.journal import unpack
-from motus.serve.protocol import INTERRUPT, Resume
+from motus.durable.journal import unpack
+from motus.durable.records import INTERRUPT, Resume
 from motus.serve.store import Event, SessionRecord, SharedStore, Store
 from motus.serve.turns.state import ALREADY_RESUMED, BY_TIMEOUT, EXPIRED, After, Session, TurnState, session_from
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from motus.serve.errors import InvalidTransition
 from motus.serve.pool import Handle
-from motus.serve.protocol import INTERRUPT, Interrupt, JournalEntry, Record, Resume
+from motus.durable.records import INTERRUPT, Interrupt, JournalEntry, Record, Resume
 from motus.serve.store import Event, SessionRecord, TurnRecord
 
 #: A turn whose outcome the server failed to apply (a bug, or a fault in a collaborator such

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from motus.serve.errors import ServerUnavailable
-from motus.serve.journal import unpack
+from motus.durable.journal import unpack
 from motus.serve.store import StaleSession
 from motus.serve.turns.state import BY_TIMEOUT, TIMED_OUT, After, SessionStatus, Turn, TurnState
 

@@ -51,6 +51,19 @@ def cost_env(sandbox: Path, **extra: str) -> dict[str, str]:
     return {"COST_SANDBOX": str(sandbox), **extra}
 
 
+@pytest.fixture(scope="module")
+def cost_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sandbox of the module's shared server: each test uses marker tags of its own."""
+    return tmp_path_factory.mktemp("cost")
+
+
+@pytest.fixture
+def shared(shared_server: StartServer, cost_sandbox: Path) -> Server:
+    """The module's shared server, for tests that only run turns of their own and look for no
+    500 in its log (none of them causes one)."""
+    return shared_server(AGENT, "--workers", "2", env=cost_env(cost_sandbox))
+
+
 def marker(sandbox: Path, tag: str, timeout: float = 5.0) -> str | None:
     """What ``TAG.done`` says once it exists, or None if it never appears within ``timeout``."""
     path = sandbox / f"{tag}.done"
@@ -139,10 +152,10 @@ def test_unit_callbacks_scheduled_before_the_end_run_as_under_asyncio_run(how: s
     assert observed[True] == observed[False], f"{how}: asyncio.run ran {observed[False]}, the exiting child ran {observed[True]}"
 
 
-def test_scheduled_callbacks_of_a_served_agent_run_before_its_worker_exits(start_server: StartServer, sandbox: Path) -> None:
+def test_scheduled_callbacks_of_a_served_agent_run_before_its_worker_exits(shared: Server, cost_sandbox: Path) -> None:
     """The same, through a real server: each callback writes its marker; with
     ``MOTUS_WORKER_START=multiprocessing`` (asyncio.run's clean-up) every marker appears."""
-    server = start_server(AGENT, "--workers", "2", env=cost_env(sandbox))
+    server, sandbox = shared, cost_sandbox
     missing = []
     for how, (_, expected) in SCHEDULED.items():
         body = run_turn(server, f"{how} {how}")
@@ -163,11 +176,11 @@ def test_reference_multiprocessing_workers_run_those_callbacks(start_server: Sta
         assert marker(sandbox, how) == expected, how
 
 
-def test_what_the_exit_must_still_do_after_a_skipped_clean_up(start_server: StartServer, sandbox: Path) -> None:
+def test_what_the_exit_must_still_do_after_a_skipped_clean_up(shared: Server, cost_sandbox: Path) -> None:
     """Regression: with the clean-up skipped, a custom default executor's work is still
     waited for, an asyncio subprocess and a non-daemon thread still end with the worker,
     and an agent that stops the loop itself still gets its reply through."""
-    server = start_server(AGENT, "--workers", "2", env=cost_env(sandbox))
+    server, sandbox = shared, cost_sandbox
     assert run_turn(server, "custom_default custom")["status"] == "idle"
     assert marker(sandbox, "custom") == "finished"
 
@@ -530,8 +543,8 @@ def _raw_get(server: Server, host: bytes) -> int:
         return int(read_head(sock).split(b" ", 2)[1])
 
 
-def test_hostile_host_headers_get_the_right_answer_and_never_a_500(start_server: StartServer, sandbox: Path) -> None:
-    server = start_server(AGENT, "--workers", "1", env=cost_env(sandbox))
+def test_hostile_host_headers_get_the_right_answer_and_never_a_500(shared: Server) -> None:
+    server = shared
     good = [b"localhost", b"127.0.0.1:9", b"[::1]:80", b"LOCALHOST", b"[::1]"]
     bad = [b"evil.example", b"127.1", b"[::1", b"[::1].evil", b"localhost.", b"x" * 8000,
            "ｌｏｃａｌｈｏｓｔ".encode(), b"\xff\xfe", b"[" + b"1:" * 3000 + b"]"]

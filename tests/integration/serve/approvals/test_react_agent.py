@@ -9,7 +9,8 @@ person approved, rejected, edited or answered.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,6 @@ import pytest
 
 from examples.serving.hitl_agent import ORGANIZE_QUESTION, SAMPLE_FILES
 from tests.conftest import Server, wait_until
-from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import (
     FakeProvider,
     Reply,
@@ -77,19 +77,39 @@ def _seed(sandbox: Path) -> None:
         (sandbox / name).write_text(text)
 
 
+@pytest.fixture(scope="module")
+def module_provider() -> Iterator[FakeProvider]:
+    """One fake provider for the module's shared servers (their environment names its URL)."""
+    with FakeProvider() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def module_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("react") / "sandbox"
+
+
 @pytest.fixture
-def serve(start_server: Callable[..., Server], fake_provider: FakeProvider, tmp_path: Path) -> Callable[[str], Served]:
+def serve(shared_server: Callable[..., Server], module_provider: FakeProvider, module_sandbox: Path) -> Callable[[str], Served]:
+    """One server per agent for the module. Each test starts as if on a server of its own:
+    the sandbox seeded afresh, the fake provider with no request recorded and no reply
+    queued (the tests before it waited for their turns to end)."""
+    fake, sandbox = module_provider, module_sandbox
+    shutil.rmtree(sandbox, ignore_errors=True)
+    _seed(sandbox)
+    with fake._lock:  # FakeProvider has no reset of its own
+        fake._script.clear()
+        fake.requests.clear()
+
     def start(agent: str = "tests.agents.tool:files_openai") -> Served:
-        sandbox = tmp_path / "sandbox"
-        _seed(sandbox)
         env = {
-            "MOTUS_TEST_PROVIDER_URL": fake_provider.url,
+            "MOTUS_TEST_PROVIDER_URL": fake.url,
             "MOTUS_TEST_PROVIDER_KEY": KEY,
             "MOTUS_EXAMPLE_DIR": str(sandbox),
             "OPENROUTER_API_KEY": "",
         }
-        server = start_server(agent, "--workers", "2", "--shutdown-timeout", "5", env=env)
-        return Served(server, fake_provider, sandbox)
+        server = shared_server(agent, "--workers", "2", "--shutdown-timeout", "5", env=env)
+        return Served(server, fake, sandbox)
 
     return start
 

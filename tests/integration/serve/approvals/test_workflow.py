@@ -12,13 +12,14 @@ import hashlib
 import hmac
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import Instances, Server, server_factory, wait_until
+from tests.conftest import _SHARED_SERVERS, Instances, Server, server_factory, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.approvals.test_hitl import WebhookSink
@@ -51,6 +52,44 @@ def start_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
             return Instances.of(first, second)
 
         yield start_instances
+
+
+@pytest.fixture(scope="module", params=["one-server", "two-instances-on-postgresql"])
+def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """Like ``start_server`` (one server, or two instances on one PostgreSQL database), but
+    one per (agent, arguments, environment) for the whole module, as ``shared_server`` is:
+    for tests that work on their own sessions and assert nothing about the server as a whole."""
+    servers: dict[tuple[object, ...], Server] = {}
+    with server_factory(tmp_path_factory.mktemp("shared")) as start:
+
+        def launch(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+            server = start(agent, *args, env=env)
+            _SHARED_SERVERS.add(server.process.pid)
+            return server
+
+        def get(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+            key = (agent, args, tuple(sorted((env or {}).items())))
+            if key not in servers:
+                if request.param == "one-server":
+                    servers[key] = launch(agent, *args, env=env)
+                else:
+                    url = request.getfixturevalue("pg_cluster").create_database()
+                    servers[key] = Instances.of(*(launch(agent, *args, "--store", url, env=env) for _ in range(2)))
+            for server in (servers[key], *getattr(servers[key], "others", [])):
+                assert server.process.poll() is None, f"a shared server exited:\n{server.log()}"
+            return servers[key]
+
+        try:
+            yield get
+        finally:
+            _SHARED_SERVERS.difference_update(s.process.pid for s in servers.values())
+            _SHARED_SERVERS.difference_update(o.process.pid for s in servers.values() for o in getattr(s, "others", []))
+
+
+@pytest.fixture(scope="module")
+def shared_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sandbox of the shared servers: a test that counts what ran there names its own paths."""
+    return tmp_path_factory.mktemp("sandbox")
 
 
 class Stream:
@@ -137,11 +176,16 @@ def env(sandbox: Path, **extra: str) -> dict[str, str]:
     return {"MOTUS_EXAMPLE_DIR": str(sandbox), **extra}
 
 
+def calls_server(shared: Callable[..., Server], sandbox: Path) -> Server:
+    """The module's shared ``calls`` server (an unanswered ``send_money`` waits 30 s)."""
+    return shared(CALLS, env=env(sandbox, MOTUS_TEST_APPROVAL_TIMEOUT="30"))
+
+
 # -- server-sent events --------------------------------------------------------------------
 
 
-def test_a_session_stream_shows_each_change_once_in_order(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
-    server = start_server(CALLS, env=env(sandbox))
+def test_a_session_stream_shows_each_change_once_in_order(shared: Callable[..., Server], shared_sandbox: Path, streams) -> None:
+    server = calls_server(shared, shared_sandbox)
     session_id = server.create_session()
     stream = streams(server, f"/sessions/{session_id}/events")
     ready = stream.next()
@@ -164,9 +208,9 @@ def test_a_session_stream_shows_each_change_once_in_order(start_server: Callable
 
 
 def test_a_client_that_reconnects_with_last_event_id_misses_nothing_and_sees_nothing_twice(
-    start_server: Callable[..., Server], sandbox: Path, streams
+    shared: Callable[..., Server], shared_sandbox: Path, streams
 ) -> None:
-    server = start_server(CALLS, env=env(sandbox))
+    server = calls_server(shared, shared_sandbox)
     first = streams(server, "/events")
     start_id = first.next()["id"]
     collected: list[dict] = []
@@ -210,8 +254,8 @@ def test_events_survive_a_restart_with_a_durable_store(start_server: Callable[..
     assert [e["id"] for e in replayed] == [e["id"] for e in before] + [e["id"] for e in after]
 
 
-def test_a_deleted_session_ends_its_stream(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
-    server = start_server(CALLS, env=env(sandbox))
+def test_a_deleted_session_ends_its_stream(shared: Callable[..., Server], shared_sandbox: Path, streams) -> None:
+    server = calls_server(shared, shared_sandbox)
     session_id = server.create_session()
     stream = streams(server, f"/sessions/{session_id}/events")
     stream.next()
@@ -238,8 +282,8 @@ def test_max_streams_holds_and_resumes_still_get_through(start_server: Callable[
 
 
 @pytest.mark.parametrize("query", ["after=abc", "after=-1", "after=1e3"])
-def test_a_bad_event_cursor_is_a_400_naming_it(start_server: Callable[..., Server], sandbox: Path, query: str) -> None:
-    server = start_server(CALLS, env=env(sandbox))
+def test_a_bad_event_cursor_is_a_400_naming_it(shared: Callable[..., Server], query: str) -> None:
+    server = shared(CALLS)  # its own: no other test opens a stream on it
     response = server.get(f"/events?{query}")
     assert response.status_code == 400 and "'after'" in response.json()["detail"]
     response = requests.get(server.url + "/events", headers={"Last-Event-ID": "nope"}, timeout=10)
@@ -334,29 +378,31 @@ def _epoch(iso: str) -> float:
 # -- remembered grants ---------------------------------------------------------------------
 
 
-def test_a_grant_skips_later_gates_and_its_revocation_brings_them_back(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server(CALLS, env=env(sandbox))
-    session_id = start(server, "delete_file a; delete_file b")
+def test_a_grant_skips_later_gates_and_its_revocation_brings_them_back(shared: Callable[..., Server], shared_sandbox: Path) -> None:
+    server = calls_server(shared, shared_sandbox)
+    tag = uuid.uuid4().hex[:8]  # the shared sandbox records other tests' runs too: this test's paths are its own
+    a, b, c, d = (f"{tag}-{name}" for name in "abcd")
+    session_id = start(server, f"delete_file {a}; delete_file {b}")
     approve(server, session_id, remember="session")
-    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted a | deleted b"
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {a} | deleted {b}"
     [grant] = server.get(f"/sessions/{session_id}/grants").json()
     assert grant["tool_name"] == "delete_file" and grant["granted_by"] == "anonymous"
-    server.send(session_id, "delete_file c")
-    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted c"
+    server.send(session_id, f"delete_file {c}")
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {c}"
     assert server.delete(f"/sessions/{session_id}/grants/delete_file").status_code == 204
     assert server.get(f"/sessions/{session_id}/grants").json() == []
     again = server.delete(f"/sessions/{session_id}/grants/delete_file")
     assert again.status_code == 404 and "delete_file" in again.json()["detail"]
-    server.send(session_id, "delete_file d")
+    server.send(session_id, f"delete_file {d}")
     approve(server, session_id)
-    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "deleted d"
-    assert ran(sandbox, "delete_file") == ["a", "b", "c", "d"]
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {d}"
+    assert [path for path in ran(shared_sandbox, "delete_file") if path.startswith(tag)] == [a, b, c, d]
     kinds = [(r["kind"], r.get("tool_name")) for r in server.get(f"/sessions/{session_id}/audit").json()]
     assert kinds == [("resolved", None), ("grant", "delete_file"), ("revoke", "delete_file"), ("resolved", None)]
 
 
-def test_a_grant_is_per_tool_and_per_session(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server(CALLS, env=env(sandbox, MOTUS_TEST_APPROVAL_TIMEOUT="30"))
+def test_a_grant_is_per_tool_and_per_session(shared: Callable[..., Server], shared_sandbox: Path) -> None:
+    server = calls_server(shared, shared_sandbox)
     session_id = start(server, "delete_file a; send_money 1")
     approve(server, session_id, remember="session")
     item = approve(server, session_id)  # another tool: still asked
@@ -465,8 +511,8 @@ def test_signed_webhooks_for_interrupts_verify_and_a_tampered_body_does_not(
     assert secret not in server.log()
 
 
-def test_the_default_webhook_events_stay_the_guides(start_server: Callable[..., Server], sandbox: Path, sink: WebhookSink) -> None:
-    server = start_server(CALLS, env=env(sandbox))
+def test_the_default_webhook_events_stay_the_guides(shared: Callable[..., Server], shared_sandbox: Path, sink: WebhookSink) -> None:
+    server = calls_server(shared, shared_sandbox)
     session_id = server.create_session()
     server.send(session_id, "delete_file a", webhook={"url": sink.url})
     approve(server, session_id)

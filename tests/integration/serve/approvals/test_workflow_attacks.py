@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
-from tests.integration.serve.approvals.test_workflow import env, ran, resume, start
+from tests.integration.serve.approvals.test_workflow import env, ran, resume, shared_sandbox, start  # noqa: F401 - fixture
 
 HERE = "tests.integration.serve.approvals.test_workflow_attacks"
 CALLS = "tests.agents.approval:calls"
@@ -104,10 +104,10 @@ def open_streams(server: Server) -> int:
 
 
 @pytest.mark.parametrize("cursor", ["\u00b2", "\u0663", "\uff11"])  # superscript two, Arabic-Indic three, fullwidth one
-def test_a_non_ascii_digit_event_cursor_is_a_400_not_a_500(start_server: Callable[..., Server], sandbox: Path, cursor: str) -> None:
+def test_a_non_ascii_digit_event_cursor_is_a_400_not_a_500(shared_server: Callable[..., Server], shared_sandbox: Path, cursor: str) -> None:
     """``str.isdigit`` accepts digits ``int`` refuses ("²"): the cursor check let them through
     to ``int()``, which raised, a 500. Any event id a client sends must be an ASCII number."""
-    server = start_server(CALLS, env=env(sandbox))
+    server = shared_server(CALLS, env=env(shared_sandbox))  # no test on it logs a traceback
     response = server.get("/events", params={"after": cursor})
     assert response.status_code == 400, response.text
     if cursor.encode("latin-1", "ignore"):
@@ -122,12 +122,12 @@ def test_a_non_ascii_digit_event_cursor_is_a_400_not_a_500(start_server: Callabl
     wait_until(lambda: open_streams(server) == 0, timeout=10, what="no open streams")
 
 
-def test_a_cursor_past_the_newest_event_is_told_to_reload(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_a_cursor_past_the_newest_event_is_told_to_reload(shared_server: Callable[..., Server], shared_sandbox: Path) -> None:
     """A client that reconnects with the ``Last-Event-ID`` of an earlier server life (a memory
     store restarts its sequence at 1; a SQLite file replaced) used to be served silently from
     that id on: every event up to it was skipped for good. An id the log never issued must
     get a ``reset`` (reload the state), like one older than the log keeps."""
-    server = start_server(CALLS, env=env(sandbox))
+    server = shared_server(CALLS, env=env(shared_sandbox))
     headers = {"Last-Event-ID": str(10**12)}
     with requests.get(server.url + "/events", headers=headers, stream=True, timeout=(5, 20)) as response:
         assert response.status_code == 200
@@ -274,28 +274,28 @@ def test_a_grant_given_mid_turn_does_not_run_a_rejected_parallel_call_on_replay(
     assert body["status"] == "idle", body
 
 
-def test_a_malformed_approval_that_the_gate_rejects_grants_nothing(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_a_malformed_approval_that_the_gate_rejects_grants_nothing(shared_server: Callable[..., Server], shared_sandbox: Path) -> None:
     """``{"approved": true, "remember": "session", "tool_args": "x"}`` is a rejection to the gate
     (edited arguments that are not an object): the tool does not run. It must not be
     remembered as an approval either, or the next turn runs the tool unasked."""
-    server = start_server(CALLS, env=env(sandbox))
+    server = shared_server(CALLS, env=env(shared_sandbox))  # no other test here runs a tool
     session_id = start(server, "delete_file a")
     [item] = pending(server, session_id)
     value = {"approved": True, "remember": "session", "tool_args": "not an object"}
     assert resume(server, session_id, item["interrupt_id"], value).status_code == 200
     settled(server, session_id)
-    assert ran(sandbox, "delete_file") == []
+    assert ran(shared_sandbox, "delete_file") == []
     assert server.get(f"/sessions/{session_id}/grants").json() == []
     server.send(session_id, "delete_file b")
     assert server.wait_for_status(session_id, "interrupted")["interrupts"], "the next call must ask again"
-    assert ran(sandbox, "delete_file") == []
+    assert ran(shared_sandbox, "delete_file") == []
 
 
 # -- hostile agents: timeouts and the live turn -------------------------------------------------------
 
 
-def test_hostile_interrupt_timeouts_fail_the_turn_and_never_a_request(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server(EXPIRING, env=env(sandbox))
+def test_hostile_interrupt_timeouts_fail_the_turn_and_never_a_request(shared_server: Callable[..., Server], shared_sandbox: Path) -> None:
+    server = shared_server(EXPIRING, env=env(shared_sandbox))  # no test on it logs a 500
     for text in ("nan", "inf", "-inf", "-1", "0"):
         session_id = start(server, text)
         body = settled(server, session_id)
@@ -304,11 +304,12 @@ def test_hostile_interrupt_timeouts_fail_the_turn_and_never_a_request(start_serv
     assert "Internal server error" not in server.log()
 
 
-def test_an_interrupt_with_a_huge_timeout_does_not_break_the_api(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_an_interrupt_with_a_huge_timeout_does_not_break_the_api(shared_server: Callable[..., Server], shared_sandbox: Path) -> None:
     """A finite but huge timeout (1e12 s) expires past year 9999: turning it into an ISO date
     raised, so the session, the inbox and every event stream answered 500 or died (and a
-    stream that reconnected hit the same event again, for ever)."""
-    server = start_server(EXPIRING, env=env(sandbox))
+    stream that reconnected hit the same event again, for ever). (The other test on this
+    server leaves no turn running nor any interrupt pending: the event stream is this test's.)"""
+    server = shared_server(EXPIRING, env=env(shared_sandbox))
     with requests.get(server.url + "/events", stream=True, timeout=(5, 20)) as stream:
         [ready] = first_events(stream, 1)
         assert ready["event"] == "ready"
@@ -324,7 +325,7 @@ def test_an_interrupt_with_a_huge_timeout_does_not_break_the_api(start_server: C
     assert response.status_code == 200, response.text
     assert isinstance(response.json()["interrupts"][0]["expires_at"], str)
     inbox = server.get("/interrupts")
-    assert inbox.status_code == 200 and inbox.json()[0]["session_id"] == session_id, inbox.text
+    assert inbox.status_code == 200 and [i["session_id"] for i in inbox.json()] == [session_id], inbox.text
     [item] = response.json()["interrupts"]
     assert resume(server, session_id, item["interrupt_id"], {"choice": "person"}).status_code == 200
     assert "person" in settled(server, session_id)["response"]["content"]
@@ -343,8 +344,8 @@ ODD_REPLIES = [
 
 
 @pytest.mark.parametrize("index", range(len(ODD_REPLIES)))
-def test_a_model_reply_of_any_shape_never_makes_the_live_turn_a_500(start_server: Callable[..., Server], sandbox: Path, index: int) -> None:
-    server = start_server(f"{HERE}:odd_model", env=env(sandbox))
+def test_a_model_reply_of_any_shape_never_makes_the_live_turn_a_500(shared_server: Callable[..., Server], shared_sandbox: Path, index: int) -> None:
+    server = shared_server(f"{HERE}:odd_model", env=env(shared_sandbox))
     session_id = start(server, str(index))
     pending(server, session_id)
     response = server.get(f"/sessions/{session_id}")
@@ -399,8 +400,8 @@ def test_a_read_only_key_cannot_write_through_any_method_or_override(start_serve
     wait_until(lambda: open_streams(writer) == 0, timeout=15, interval=0.1, what="no open streams")
 
 
-def test_revoking_odd_tool_names_is_a_clean_404(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server(CALLS, env=env(sandbox))
+def test_revoking_odd_tool_names_is_a_clean_404(shared_server: Callable[..., Server], shared_sandbox: Path) -> None:
+    server = shared_server(CALLS, env=env(shared_sandbox))  # no test on it logs a 500
     session_id = server.create_session()
     for name in ("a%2Fb", "%00", "..", "%E2%80%AE", "x" * 3000, "%25"):
         response = requests.delete(server.url + f"/sessions/{session_id}/grants/{name}", timeout=10)

@@ -116,8 +116,12 @@ def test_non_loopback_bind_without_key_warns(start_server) -> None:
     assert "without an API key" not in keyed.log()
 
 
-def test_request_body_limit(start_server) -> None:
-    server = start_server("tests.agents:dispatch", "--workers", "1", "--max-request-bytes", "4096")
+#: One server for the request-size and the long-poll caps: each test works on its own session.
+CAPPED = ("tests.agents:dispatch", "--workers", "1", "--max-request-bytes", "4096", "--max-wait", "0.5")
+
+
+def test_request_body_limit(shared_server) -> None:
+    server = shared_server(*CAPPED)
     sid = server.create_session()
     big = server.post(f"/sessions/{sid}/messages", json={"content": "x" * 5000})
     assert big.status_code == 413 and "4096" in big.json()["detail"]
@@ -129,8 +133,8 @@ def test_request_body_limit(start_server) -> None:
     server.wait_for_status(sid, "idle")
 
 
-def test_long_poll_is_capped(start_server) -> None:
-    server = start_server("tests.agents:dispatch", "--workers", "1", "--max-wait", "0.5")
+def test_long_poll_is_capped(shared_server) -> None:
+    server = shared_server(*CAPPED)
     sid = server.create_session()
     server.send(sid, "hang")
     # Asks for five minutes; the server caps it, so this returns long before the read timeout.

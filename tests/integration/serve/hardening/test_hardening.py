@@ -22,8 +22,9 @@ KEY = "k-" + uuid.uuid4().hex
 
 
 @pytest.fixture
-def server(start_server) -> Server:
-    return start_server("tests.agents:echo", "--workers", "1")
+def server(shared_server) -> Server:
+    """One server for the module: each test counts sessions before and after what it does."""
+    return shared_server("tests.agents:echo", "--workers", "1")
 
 
 def raw_post(server: Server, path: str, data: bytes, headers: dict[str, str]) -> requests.Response:
@@ -131,9 +132,11 @@ def _serving_pid(server: Server) -> int:
     ],
     ids=["empty-objects", "numbers", "tiny-messages", "empty-arrays"],
 )
-def test_a_ten_mib_body_of_tiny_items_costs_little_and_is_refused(start_server, body: bytes) -> None:
+def test_a_ten_mib_body_of_tiny_items_costs_little_and_is_refused(shared_server, body: bytes) -> None:
     assert len(body) <= 10 * 1024 * 1024
-    server = start_server("tests.agents:approval", "--workers", "1")
+    # One server for the four bodies: the peak is reset before each, and only one of them
+    # (the resume) creates a session.
+    server = shared_server("tests.agents:approval", "--workers", "1")
     pid = _serving_pid(server)
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the peak to what is resident now
     baseline = _peak_rss(pid)

@@ -224,6 +224,8 @@ def approval_round(server: Server, timed: Timed) -> None:
 
 
 def start_small(start_server: Callable[..., Server]) -> Server:
+    """A server with a short read timeout. Tests that attack it start their own; the
+    well-behaved ones pass ``shared_server`` and share one (none of them logs a traceback)."""
     return start_server("tests.agents:approval", "--threads", "16", "--workers", "2", "--read-timeout", str(READ_TIMEOUT))
 
 
@@ -278,8 +280,8 @@ def test_large_slow_bodies_are_dropped(start_server) -> None:
     assert "Traceback" not in server.log()
 
 
-def test_idle_kept_alive_connections_hold_no_thread(start_server) -> None:
-    server = start_small(start_server)
+def test_idle_kept_alive_connections_hold_no_thread(shared_server) -> None:
+    server = start_small(shared_server)
     timed = Timed(server)
     kept: list[requests.Session] = []
     try:
@@ -326,8 +328,8 @@ class _Responses:
         return head, rest[:length]
 
 
-def test_requests_of_every_shape_still_work(start_server) -> None:
-    server = start_small(start_server)
+def test_requests_of_every_shape_still_work(shared_server) -> None:
+    server = start_small(shared_server)
     # A large body (more than the reader buffers before handing over to a thread).
     big = b"{" + b" " * (3 * 1024 * 1024) + b"}"
     response = requests.post(server.url + "/sessions", data=big, headers={"Content-Type": "application/json"}, timeout=30)
@@ -506,11 +508,11 @@ def test_a_body_over_the_limit_gets_a_413_its_client_can_read(reader_server: Ser
     assert "--max-request-bytes" in response.json()["detail"]
 
 
-def test_a_large_answer_reaches_a_client_that_reads_it_slowly(start_server) -> None:
+def test_a_large_answer_reaches_a_client_that_reads_it_slowly(shared_server) -> None:
     """An answer bigger than the socket buffers is written as the client takes it (the
     main loop sends what a thread could not), whole and in order, and the kept-alive
     connection then serves the next pipelined request."""
-    server = start_small(start_server)
+    server = start_small(shared_server)
     state = [{"role": "user", "content": "x" * 1000}] * 3000
     created = server.post("/sessions", json={"state": state})
     assert created.status_code == 201, created.text

@@ -35,8 +35,8 @@ def test_agent_shapes(start_server, agent: str, expected: str) -> None:
         assert second == "turn 2: again"  # the state came back from the first turn
 
 
-def test_interrupted_sessions_hold_no_compute_slot(start_server) -> None:
-    server = start_server("tests.agents:dispatch", "--workers", "1")
+def test_interrupted_sessions_hold_no_compute_slot(shared_server) -> None:
+    server = shared_server("tests.agents:dispatch", "--allow-custom-ids", "--workers", "1")  # no other test leaves a turn running
     waiting = [start_turn(server, "approval f") for _ in range(6)]
     pending = {sid: interrupted(server, sid)["interrupts"][0]["interrupt_id"] for sid in waiting}
     # With one slot and six sessions waiting on a human, another session still runs turns.
@@ -200,8 +200,8 @@ def test_wsgi_refuses_a_second_gunicorn_worker(tmp_path: Path) -> None:
     assert "-w 1" in log_path.read_text()
 
 
-def test_port_in_use_is_a_clear_error(start_server, tmp_path: Path) -> None:
-    server = start_server("tests.agents:echo", "--workers", "1")
+def test_port_in_use_is_a_clear_error(shared_server, tmp_path: Path) -> None:
+    server = shared_server("tests.agents:echo", "--workers", "1")
     port = server.url.rsplit(":", 1)[1]
     log_path = tmp_path / "second.log"
     process = launch(["serve", "start", "tests.agents:echo", "--port", port], log_path)
@@ -209,8 +209,8 @@ def test_port_in_use_is_a_clear_error(start_server, tmp_path: Path) -> None:
     assert f"Port {port} on 127.0.0.1 is already in use" in log_path.read_text()
 
 
-def test_custom_id_session_survives_unrelated_failures(start_server) -> None:
-    server = start_server("tests.agents:dispatch", "--allow-custom-ids", "--workers", "1")
+def test_custom_id_session_survives_unrelated_failures(shared_server) -> None:
+    server = shared_server("tests.agents:dispatch", "--allow-custom-ids", "--workers", "1")
     custom = str(uuid.uuid4())
     assert server.put(f"/sessions/{custom}", json={"state": [{"role": "user", "content": "old"}]}).status_code == 201
     crashed = start_turn(server, "exit")
@@ -236,11 +236,11 @@ def _heartbeat_mtime(worker: psutil.Process) -> float:
     return found[0]
 
 
-def test_the_worker_tells_the_arbiter_it_is_alive_about_once_a_second(start_server) -> None:
+def test_the_worker_tells_the_arbiter_it_is_alive_about_once_a_second(shared_server) -> None:
     """gunicorn's loop touches the heartbeat file on every pass (two or three a turn under
     load); motus does it at most once a second, which is all the arbiter's 60 s limit needs.
     The heartbeat must keep going while the server is idle and while it is busy."""
-    server = start_server("tests.agents:echo", "--workers", "1")
+    server = shared_server("tests.agents:echo", "--workers", "1")  # the other test on it leaves its worker alone
     [worker] = [child for child in psutil.Process(server.process.pid).children() if "serve" in child.cmdline()]
     first = _heartbeat_mtime(worker)
     wait_until(lambda: _heartbeat_mtime(worker) > first, timeout=10, what="a heartbeat while idle")

@@ -23,6 +23,19 @@ def serve(start_server: Callable[..., Server], *args: str, sandbox: Path) -> Ser
     return start_server(ATTACKER, *args, env={"MOTUS_EXAMPLE_DIR": str(sandbox)}).with_headers({"Connection": "close"})
 
 
+@pytest.fixture(scope="module")
+def shared_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sandbox of the module's shared server (each test's gates have names of their own)."""
+    return tmp_path_factory.mktemp("sandbox")
+
+
+@pytest.fixture
+def shared(shared_server: Callable[..., Server], shared_sandbox: Path) -> Server:
+    """One ``--workers 2`` server for the tests that check, after their own attack, that its
+    log has no traceback (so each also checks that none of the others left one)."""
+    return serve(shared_server, "--workers", "2", sandbox=shared_sandbox)
+
+
 def no_traceback(server: Server) -> None:
     shared_no_traceback(server)
     assert "pool manager pass failed" not in server.log()
@@ -32,11 +45,11 @@ def no_traceback(server: Server) -> None:
 
 
 @pytest.mark.parametrize("size", [10, 300_000, 6_000_000])
-def test_result_then_exit_is_read_as_last_words(start_server: Callable[..., Server], sandbox: Path, size: int) -> None:
+def test_result_then_exit_is_read_as_last_words(shared: Server, size: int) -> None:
     """A Result written whole and followed at once by ``os._exit``: read from the dead
     worker's pipe (small: all of it still in the pipe; large: the tail after the worker
     exits), whole and uncorrupted."""
-    server = serve(start_server, "--workers", "2", sandbox=sandbox)
+    server = shared
     sid = server.create_session()
     server.send(sid, f"result-exit {size}")
     body = server.wait_for_status(sid, "idle", timeout=20)
@@ -78,10 +91,10 @@ def test_burst_then_result_then_exit(start_server: Callable[..., Server], sandbo
     echo_runs(server, sid, "after", timeout=10)
 
 
-def test_sigkill_mid_result_ends_as_exited_and_others_run(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_sigkill_mid_result_ends_as_exited_and_others_run(shared: Server, shared_sandbox: Path) -> None:
     """Half a 5 MB Result frame, a stall (other turns run meanwhile), then SIGKILL: the turn
     ends as exited, never with what half a message holds."""
-    server = serve(start_server, "--workers", "2", sandbox=sandbox)
+    server, sandbox = shared, shared_sandbox
     bystander = server.create_session()
     sid = server.create_session()
     server.send(sid, "half-kill 5000000 k")
@@ -95,10 +108,10 @@ def test_sigkill_mid_result_ends_as_exited_and_others_run(start_server: Callable
     no_traceback(server)
 
 
-def test_stalled_large_result_completes_whole(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_stalled_large_result_completes_whole(shared: Server, shared_sandbox: Path) -> None:
     """Half a 5 MB Result, a stall during which another session's turns run, then the rest:
     the outcome is exactly the stalled Result (not the worker's own later one)."""
-    server = serve(start_server, "--workers", "2", sandbox=sandbox)
+    server, sandbox = shared, shared_sandbox
     bystander = server.create_session()
     sid = server.create_session()
     size = 5_000_000
@@ -131,10 +144,10 @@ def test_turn_ended_mid_transfer(start_server: Callable[..., Server], sandbox: P
     no_traceback(server)
 
 
-def test_huge_claimed_size_costs_nothing_and_stalls_nobody(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_huge_claimed_size_costs_nothing_and_stalls_nobody(shared: Server, shared_sandbox: Path) -> None:
     """A header claiming 2**40 bytes: nothing allocated up front, other turns run, a delete
     ends it."""
-    server = serve(start_server, "--workers", "2", sandbox=sandbox)
+    server, sandbox = shared, shared_sandbox
     bystander = server.create_session()
     sid = server.create_session()
     server.send(sid, "header -1 h")

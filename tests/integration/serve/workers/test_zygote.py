@@ -56,6 +56,19 @@ def start(start_server: StartServer, sandbox: Path, *args: str, **env: str) -> S
     return start_server(AGENT, "--workers", "2", *args, env=agent_env(sandbox, **env))
 
 
+@pytest.fixture(scope="module")
+def shared_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sandbox of the module's shared server: each test's tags are its own."""
+    return tmp_path_factory.mktemp("sandbox")
+
+
+@pytest.fixture
+def shared(shared_server: StartServer, shared_sandbox: Path) -> Server:
+    """One plain ``--workers 2`` server for the tests that only run turns of their own on it
+    (each waits for what its turns leave behind to end; none kills the zygote or stops it)."""
+    return start(shared_server, shared_sandbox)
+
+
 def alive(proc: psutil.Process) -> bool:
     """Running and not a zombie (``is_running`` also checks the pid was not reused)."""
     try:
@@ -358,28 +371,28 @@ def test_turn_waiting_for_a_start_survives_the_zygotes_death(start_server: Start
 
 
 @pytest.mark.parametrize("how", ["spawn", "fork", "hold"])
-def test_background_process_ends_when_the_turn_returns(start_server: StartServer, sandbox: Path, how: str) -> None:
+def test_background_process_ends_when_the_turn_returns(shared: Server, shared_sandbox: Path, how: str) -> None:
     """``hold``: the forked child keeps the job pipe open after the leader has exited."""
-    server = start(start_server, sandbox)
-    body = turn(server, f"{how} bg")
+    server, sandbox, tag = shared, shared_sandbox, f"bg-{how}"
+    body = turn(server, f"{how} {tag}")
     assert body["status"] == "idle", body
-    assert body["response"]["content"].split()[-1] == (sandbox / "bg.pid").read_text()
-    assert_ended([recorded(sandbox, "bg")], what=f"the process the agent left ({how})")
+    assert body["response"]["content"].split()[-1] == (sandbox / f"{tag}.pid").read_text()
+    assert_ended([recorded(sandbox, tag)], what=f"the process the agent left ({how})")
     echo_ok(server, 2)
 
 
 @pytest.mark.parametrize(("how", "marker"), [("leave_task", "cancelled"), ("leave_gen", "closed"), ("leave_executor", "finished")])
 def test_what_a_turn_leaves_unfinished_gets_asyncio_runs_clean_up(
-    start_server: StartServer, sandbox: Path, how: str, marker: str
+    shared: Server, shared_sandbox: Path, how: str, marker: str
 ) -> None:
     """A worker skips asyncio's clean-up before it exits when the turn left nothing for it to
     do. When the agent left a task, a paused async generator or work in the default
     executor, the clean-up still runs as ``asyncio.run``'s would: the task is cancelled, the
     generator closed, the work waited for (each writes its marker in a ``finally``)."""
-    server = start(start_server, sandbox)
-    body = turn(server, f"{how} left")
+    server, sandbox, tag = shared, shared_sandbox, f"left-{how}"
+    body = turn(server, f"{how} {tag}")
     assert body["status"] == "idle", body
-    done = sandbox / "left.done"
+    done = sandbox / f"{tag}.done"
     deadline = time.monotonic() + 10
     while not (done.exists() and done.read_text() == marker):
         assert time.monotonic() < deadline, f"{how}: the clean-up never ran ({done.exists() and done.read_text()!r})"
@@ -387,11 +400,11 @@ def test_what_a_turn_leaves_unfinished_gets_asyncio_runs_clean_up(
     echo_ok(server, 2)
 
 
-def test_an_agent_that_deletes_sys_stdout_ends_only_its_own_process(start_server: StartServer, sandbox: Path) -> None:
+def test_an_agent_that_deletes_sys_stdout_ends_only_its_own_process(shared: Server) -> None:
     """A worker ends with ``os._exit`` whatever the agent did to ``sys``: one whose
     ``sys.stdout`` is gone must not fail on its way out and run on as a copy of the zygote
     (which would end the zygote's other children: another session's waiting turn here)."""
-    server = start(start_server, sandbox)
+    server = shared
     waiting = server.create_session()
     server.send(waiting, "spawn_wait other")
     [item] = interrupted(server, waiting)["interrupts"]
@@ -428,15 +441,15 @@ def test_turns_that_waited_for_a_slot_run_whatever_the_size_of_their_job(start_s
 
 
 @pytest.mark.parametrize("agent", ["spawn_hang", "spawn_wait", "busy"])
-def test_background_process_ends_when_the_session_is_deleted(start_server: StartServer, sandbox: Path, agent: str) -> None:
-    server = start(start_server, sandbox)
+def test_background_process_ends_when_the_session_is_deleted(shared: Server, shared_sandbox: Path, agent: str) -> None:
+    server, sandbox, tag = shared, shared_sandbox, f"deleted-{agent}"
     session_id = server.create_session()
-    server.send(session_id, f"{agent} bg")
-    proc = recorded(sandbox, "bg")
+    server.send(session_id, f"{agent} {tag}")
+    proc = recorded(sandbox, tag)
     assert proc is not None and alive(proc)
     if agent == "spawn_wait":
         interrupted(server, session_id)
-    worker = recorded(sandbox, "bg-worker")
+    worker = recorded(sandbox, f"{tag}-worker")
     assert worker is not None and alive(worker)
     assert server.delete(f"/sessions/{session_id}").status_code == 204
     assert_ended([proc, worker], what=f"the deleted turn's process and its background process ({agent})")
@@ -580,8 +593,8 @@ def test_agent_that_plays_with_stdout_at_import_still_serves(start_server: Start
 
 
 @pytest.mark.parametrize("what", ["print", "close_stdout", "close_std"])
-def test_agent_that_plays_with_stdio_in_a_turn_still_answers(start_server: StartServer, sandbox: Path, what: str) -> None:
-    server = start(start_server, sandbox)
+def test_agent_that_plays_with_stdio_in_a_turn_still_answers(shared: Server, what: str) -> None:
+    server = shared
     body = turn(server, what)
     assert body["status"] == "idle", body
     echo_ok(server, 2)
@@ -590,8 +603,8 @@ def test_agent_that_plays_with_stdio_in_a_turn_still_answers(start_server: Start
         assert "agent stdout line 1999" in log and "agent stderr line 1999" in log
 
 
-def test_agent_that_closes_every_descriptor_fails_its_turn_cleanly(start_server: StartServer, sandbox: Path) -> None:
-    server = start(start_server, sandbox)
+def test_agent_that_closes_every_descriptor_fails_its_turn_cleanly(shared: Server) -> None:
+    server = shared
     body = turn(server, "close_all")
     assert body["status"] == "error", body
     assert body["error"] == "Worker process exited unexpectedly"
@@ -691,8 +704,8 @@ def test_agent_that_kills_its_zygote_does_not_stop_the_server(start_server: Star
     assert_no_500(server)
 
 
-def test_worker_of_a_turn_runs_alone_in_its_own_group(start_server: StartServer, sandbox: Path) -> None:
-    server = start(start_server, sandbox)
+def test_worker_of_a_turn_runs_alone_in_its_own_group(shared: Server) -> None:
+    server = shared
     zygote = the_zygote(server)
     body = turn(server, "pgid")
     pid, pgid, parent = (int(word) for word in body["response"]["content"].split())
@@ -720,8 +733,8 @@ def test_delete_of_a_turn_still_waiting_for_a_process_never_runs_it(start_server
     assert_no_500(server)
 
 
-def test_deletes_racing_starts_leave_nothing_behind(start_server: StartServer, sandbox: Path) -> None:
-    server = start(start_server, sandbox)
+def test_deletes_racing_starts_leave_nothing_behind(shared: Server, shared_sandbox: Path) -> None:
+    server, sandbox = shared, shared_sandbox
     count = 16
     sessions = [server.create_session() for _ in range(count)]
     statuses: list[int] = []
@@ -751,10 +764,10 @@ def test_deletes_racing_starts_leave_nothing_behind(start_server: StartServer, s
     assert_no_500(server)
 
 
-def test_a_worker_holds_no_descriptor_of_its_zygote(start_server: StartServer, sandbox: Path) -> None:
+def test_a_worker_holds_no_descriptor_of_its_zygote(shared: Server) -> None:
     """Its control socket and wake-up pipe stay in the zygote: an agent can neither ask for
     processes nor wake the zygote, and a sibling's job pipe is not reachable either."""
-    server = start(start_server, sandbox)
+    server = shared
     zygote = the_zygote(server)
     ours = {}
     for fd in os.listdir(f"/proc/{zygote.pid}/fd"):
@@ -762,8 +775,8 @@ def test_a_worker_holds_no_descriptor_of_its_zygote(start_server: StartServer, s
     body = turn(server, "fds")
     assert body["status"] == "idle", body
     theirs = dict(line.split("=", 1) for line in body["response"]["content"].splitlines())
-    shared = {target for fd, target in theirs.items() if int(fd) > 2 and target in ours.values()}
-    assert shared == set(), (shared, theirs, ours)
+    common = {target for fd, target in theirs.items() if int(fd) > 2 and target in ours.values()}
+    assert common == set(), (common, theirs, ours)
     assert len([t for t in theirs.values() if t.startswith("socket:")]) <= 3, theirs  # its job pipe, the loop's self-pipe
 
 

@@ -1,27 +1,10 @@
-r"""The interactive chat of ``motus serve chat``: a REPL that answers every interrupt.
+"""The interactive chat of ``motus serve chat``: a REPL that answers every interrupt.
 
-Built only on :mod:`motus.client.library` (its endpoint methods); this module adds the
-terminal: how interrupts are shown and answered, line editing, the spinner, Ctrl-C, and
-what happens to the session when the chat ends.
-
-How each interrupt is answered (the resume ``value``). When several are pending at once,
-each says so first: ``Approval 1 of 2``.
-
-- ``tool_approval``: the tool and its arguments are shown; ``Approve? [y/N]``.
-  ``y`` -> ``{"approved": true}``; ``e`` edits the arguments first: the current arguments
-  are the starting text of the line (where readline can do that; else they are printed
-  above it), the keys typed replace the agent's (the server merges them the same way),
-  and the merged arguments are shown before asking again; approving then sends
-  ``{"approved": true, "tool_args": <the merged arguments>}``. Anything else rejects, with
-  an optional reason -> ``{"approved": false[, "reason": "..."]}``.
-- ``user_input``: every question with its header and numbered options (a ``markdown``
-  preview in a box), plus a last "(Other: type your own answer)" choice. ``Choice:`` takes
-  one number, or several (``1,3``) for ``multiSelect`` questions, whose answer is the chosen
-  labels joined by ", ". -> ``{"answers": {question: answer}}``.
-- any other type (a custom interrupt): its own ``title`` and ``prompt`` if the payload has
-  them, the payload as JSON, and an answer line: a JSON value, or plain text, which is sent
-  as a string (and the chat says so). An empty line leaves it unanswered
-  (:data:`motus.client.SKIP`).
+Talks to the server only through :mod:`motus.client.library` (its endpoint methods); owns the
+session side of the chat: the ``>`` loop and its commands, waiting for a turn, Ctrl-C, and
+what happens to the session when the chat ends. How an interrupt is shown and answered is
+:mod:`motus.client.prompts`; line input, the spinner and terminal-safe text are
+:mod:`motus.client.terminal`. Their public names are importable from here as well.
 
 While a turn runs, the chat waits on the session's event stream (``GET
 /sessions/{id}/events``) where the server has one, and long-polls a server without (404, the
@@ -41,34 +24,20 @@ and a one-shot chat (``motus serve chat URL MESSAGE``) whose turn ended deletes 
 session it created unless ``--keep``. A session joined with ``--session`` is deleted only
 by ``/delete``. Errors are one line on stderr, never a traceback.
 
-Line editing and history (the standard library's :mod:`readline`) at every prompt when
-the chat runs on a terminal and the module exists.
-
-Nothing the server or the agent sent reaches the terminal raw: every such string goes
-through :func:`visible` (or :func:`visible_json`), which shows control characters (C0, DEL,
-C1, so also ESC/CSI/OSC sequences and ``\r``), Unicode bidi controls and line separators
-as escapes (``\x1b``, ``\r``, ``\u202e``), so a tool argument cannot overwrite, hide or
-reorder what the approval prompt shows. Line breaks are kept only where text is
-multi-line by nature (the agent's reply, an error, a markdown preview, a multi-line
-argument, which is shown as a block with every line marked ``|``, a custom prompt); in
-one-line fields (tool and argument names, questions, options, titles, ids) ``\n`` is
-escaped too. The starting text of an edit is :func:`visible_json` as well.
+Every string from the server or the agent is printed through
+:func:`~motus.client.terminal.visible`: no raw control or bidi character reaches the terminal.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from types import ModuleType
-from typing import Any, TextIO
+from typing import Any
 
 from motus.client.library import (
     SKIP,
@@ -80,19 +49,51 @@ from motus.client.library import (
     SessionResponse,
     Unavailable,
 )
+from motus.client.prompts import (
+    OTHER_LABEL,
+    answer_custom,
+    answer_interrupt,
+    answer_tool_approval,
+    answer_user_input,
+    boxed,
+    describe_error,
+    error_summary,
+    format_arguments,
+    format_custom,
+    format_question,
+    parse_choices,
+)
+from motus.client.terminal import Console, Spinner, visible, visible_json
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "HELP",
+    "OTHER_LABEL",
+    "Chat",
+    "Console",
+    "Spinner",
+    "answer_custom",
+    "answer_interrupt",
+    "answer_tool_approval",
+    "answer_user_input",
+    "boxed",
+    "describe_error",
+    "error_summary",
+    "format_arguments",
+    "format_custom",
+    "format_question",
+    "parse_choices",
+    "visible",
+    "visible_json",
+]
 
 log = logging.getLogger(__name__)
 
 #: Exit status after Ctrl-C ends a one-shot chat, as shells report a process ended by SIGINT.
 EXIT_INTERRUPTED = 130
 
-OTHER_LABEL = "(Other: type your own answer)"
-
 #: Statuses in which a turn is still in progress (a new message would get 409).
 _BUSY = ("running", "interrupted")
-
-#: What a numbered interrupt is called: "Approval 1 of 2".
-_KIND_NAMES = {"tool_approval": "Approval", "user_input": "Question"}
 
 HELP = """\
 Commands:
@@ -101,409 +102,6 @@ Commands:
   /help                  show this
 Ctrl-C cancels the question or the wait in progress without answering anything; at the
 > prompt, a second Ctrl-C leaves. While a turn is unfinished, Enter goes back to it."""
-
-
-# --------------------------------------------------------------------------- terminal-safe text
-
-#: What must never reach a terminal raw: C0 controls (the tab and the line feed are allowed
-#: back in by ``visible(..., multiline=True)``), DEL and C1 controls, the Unicode bidi
-#: controls (embeddings, overrides, isolates, marks), the line and paragraph separators,
-#: and lone surrogates (which would not even encode).
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u206f"
-    "\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
-)
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(char: str) -> str:
-    if char in _NAMED:
-        return _NAMED[char]
-    code = ord(char)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def visible(text: object, multiline: bool = False) -> str:
-    r"""``text`` safe to print on a terminal: each control or bidi character as a visible escape.
-
-    ``"a.db\r  path: b"`` shows as ``a.db\r  path: b`` (a backslash and an ``r``), an escape
-    sequence ``"\x1b]0;x\x07"`` as ``\x1b]0;x\x07``, a right-to-left override as ``\u202e``.
-    With ``multiline`` the line feed and the tab stay as they are; ``\r`` never does.
-    Backslashes are not doubled: ``\r`` on screen is an escaped carriage return or those
-    two characters, and neither moves the cursor.
-    """
-    text = str(text)
-    if multiline:
-        return _UNSAFE.sub(lambda match: match.group() if match.group() in "\n\t" else _escape(match.group()), text)
-    return _UNSAFE.sub(lambda match: _escape(match.group()), text)
-
-
-def visible_json(value: Any, indent: int | None = None) -> str:
-    r"""``value`` as JSON that is safe to print, and still valid JSON equal to ``value``.
-
-    ``json.dumps`` escapes C0 controls; DEL, C1, bidi controls, separators and lone
-    surrogates are escaped here as ``\uXXXX``, which decodes to the same string. Other
-    non-ASCII text (accents, CJK, emoji) stays readable.
-    """
-    text = json.dumps(value, indent=indent, ensure_ascii=False)  # its only raw line feeds are the indentation's
-    return _UNSAFE.sub(lambda match: match.group() if match.group() == "\n" else f"\\u{ord(match.group()):04x}", text)
-
-
-class Console:
-    """Line-based terminal I/O: conversation and prompts on stdout, notices on stderr.
-
-    On a terminal (``line_editing`` left to ``None``: stdin and stdout are this process'
-    terminal), prompts are read with :func:`input` and :mod:`readline`: line editing and one
-    history shared by every prompt. Elsewhere (pipes, tests) a prompt is written and a line
-    read from ``stdin``.
-    """
-
-    def __init__(
-        self,
-        stdin: TextIO | None = None,
-        stdout: TextIO | None = None,
-        stderr: TextIO | None = None,
-        line_editing: bool | None = None,
-    ) -> None:
-        self.stdin = stdin or sys.stdin
-        self.stdout = stdout or sys.stdout
-        self.stderr = stderr or sys.stderr
-        if line_editing is None:
-            line_editing = self.stdin is sys.stdin and self.stdout is sys.stdout and _isatty(self.stdin) and _isatty(self.stdout)
-        self._readline = _load_readline() if line_editing else None
-
-    def say(self, text: str = "") -> None:
-        self.stdout.write(text + "\n")
-        self.stdout.flush()
-
-    def note(self, text: str) -> None:
-        self.stderr.write(text + "\n")
-        self.stderr.flush()
-
-    @property
-    def can_prefill(self) -> bool:
-        """Whether :meth:`ask` can put starting text on the line (readline's pre-input hook)."""
-        return self._readline is not None and hasattr(self._readline, "set_pre_input_hook")
-
-    def ask(self, prompt: str, initial: str | None = None) -> str:
-        """Show ``prompt`` and read one line (without its newline). EOFError at end of input.
-
-        ``initial`` is the line's starting text, to edit, where :attr:`can_prefill`; callers
-        show it some other way where not. Ctrl-C raises KeyboardInterrupt, as always.
-        """
-        if self._readline is not None:
-            return self._ask_with_readline(prompt, initial)
-        self.stdout.write(prompt)
-        self.stdout.flush()
-        line = self.stdin.readline()
-        if not line:
-            raise EOFError
-        return line.rstrip("\r\n")
-
-    def _ask_with_readline(self, prompt: str, initial: str | None) -> str:
-        readline = self._readline
-        assert readline is not None
-        prefill = bool(initial) and self.can_prefill
-        if prefill:
-
-            def insert_initial() -> None:
-                readline.insert_text(initial)
-                readline.redisplay()
-
-            readline.set_pre_input_hook(insert_initial)
-        try:
-            self.stdout.flush()
-            self.stderr.flush()
-            return input(prompt)
-        finally:
-            if prefill:
-                readline.set_pre_input_hook()
-
-    @property
-    def unicode(self) -> bool:
-        return "utf" in (getattr(self.stdout, "encoding", None) or "").lower()
-
-
-def _load_readline() -> ModuleType | None:
-    """The standard library's ``readline`` (importing it is what makes :func:`input` edit
-    lines and keep history), or None where this Python has none (Windows, some builds)."""
-    try:
-        import readline
-    except ImportError:
-        return None
-    return readline
-
-
-class Spinner:
-    """An animated "working" line on a terminal stream while the agent runs.
-
-    Does nothing when the stream is not a terminal, so piped output stays clean.
-    ``start``/``stop`` are idempotent; ``stop`` erases the line before returning, so
-    whatever is printed next starts on a clean line.
-    """
-
-    FRAMES = "|/-\\"
-    LABEL = "working"
-
-    def __init__(self, stream: TextIO, interval: float = 0.1) -> None:
-        self._stream = stream
-        self._interval = interval
-        self._enabled = _isatty(stream)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if not self._enabled or self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._spin, name="motus-chat-spinner", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join()
-        self._stream.write("\r\x1b[K")
-        self._stream.flush()
-
-    def _spin(self) -> None:
-        index = 0
-        while True:
-            self._stream.write(f"\r{self.FRAMES[index % len(self.FRAMES)]} {self.LABEL}")
-            self._stream.flush()
-            index += 1
-            if self._stop.wait(self._interval):
-                return
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-# --------------------------------------------------------------------------- answering
-
-
-def answer_interrupt(info: InterruptInfo, console: Console, position: tuple[int, int] | None = None) -> Any:
-    """Show one interrupt, ask the person, return the resume value (or ``SKIP``).
-
-    ``position`` is ``(n, total)`` when ``total`` interrupts are waiting together: the
-    interrupt is then introduced as ``Approval n of total`` (``Question``, ``Request``).
-    """
-    if position is not None and position[1] > 1:
-        kind = _KIND_NAMES.get(info.type, "Request")
-        console.say(f"\n{kind} {position[0]} of {position[1]}")
-    if info.type == "tool_approval":
-        return answer_tool_approval(info.payload, console)
-    if info.type == "user_input":
-        questions = _valid_questions(info.payload)
-        if questions is not None:
-            return answer_user_input(questions, console)
-        console.note("[warn] malformed user_input payload (questions need question, header and options with labels)")
-    return answer_custom(info.type, info.payload, console)
-
-
-def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str, Any]:
-    tool_name = payload.get("tool_name") or "(unnamed tool)"
-    proposed = payload.get("tool_args")
-    args = proposed
-    console.say(f"\nThe agent wants to run: {visible(tool_name)}")
-    while True:
-        console.say(format_arguments(args))
-        console.say("(y = approve, e = edit the arguments first, n or Enter = reject)")
-        reply = console.ask("Approve? [y/N] ").strip().lower()
-        if reply in ("y", "yes"):
-            return {"approved": True, "tool_args": args} if args != proposed else {"approved": True}
-        if reply in ("e", "edit"):
-            args = _edit_arguments(console, args)
-            console.say("With your edits it runs with:" if args != proposed else "Unchanged: it runs with the agent's arguments:")
-            continue
-        reason = console.ask("Reason (optional, Enter to skip): ").strip()
-        return {"approved": False, "reason": reason} if reason else {"approved": False}
-
-
-def answer_user_input(questions: list[dict[str, Any]], console: Console) -> dict[str, Any]:
-    answers: dict[str, str] = {}
-    for question in questions:
-        console.say("")
-        console.say(format_question(question, console.unicode))
-        options = question["options"]
-        multi = bool(question.get("multiSelect"))
-        while True:
-            try:
-                picks = parse_choices(console.ask("Choice: "), len(options) + 1, multi)
-                break
-            except ValueError as exc:
-                console.say(visible(exc))
-        chosen = []
-        for number in picks:
-            if number <= len(options):
-                chosen.append(str(options[number - 1]["label"]))
-            else:
-                chosen.append(_ask_nonempty(console, "Your answer: "))
-        answers[str(question["question"])] = ", ".join(chosen)
-    return {"answers": answers}
-
-
-def answer_custom(kind: str, payload: dict[str, Any], console: Console) -> Any:
-    """A custom interrupt: its own words, the payload, and a JSON value or plain text back."""
-    console.say("")
-    console.say(format_custom(kind, payload))
-    while True:
-        text = console.ask("Your answer (JSON, or plain text to send as a string; Enter to leave it unanswered): ").strip()
-        if not text:
-            console.note("[info] interrupt left unanswered")
-            return SKIP
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            if text[0] in "{[\"":
-                # Meant as JSON (an object, a list, a quoted string): sending it as text would
-                # only hide the typo from the person.
-                console.say(f"Not valid JSON ({exc.msg}); fix it, or answer with plain text.")
-                continue
-            console.say(f"(Not JSON, so it is sent as the string {visible_json(text)}.)")
-            return text
-
-
-def _edit_arguments(console: Console, current: Any) -> Any:
-    """Ask for edited arguments; return them merged over ``current`` (keys typed win)."""
-    start = visible_json(current if current is not None else {})
-    console.say("Edit the arguments as a JSON object: keys you give replace the agent's, the others keep its values.")
-    if not console.can_prefill:
-        console.say("Current arguments: " + start)
-    while True:
-        text = console.ask("Arguments (Enter keeps them): ", initial=start).strip()
-        if not text:
-            return current
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            console.say(f"Not valid JSON: {exc.msg}.")
-            continue
-        if isinstance(value, dict):
-            return {**current, **value} if isinstance(current, dict) else value
-        console.say("The arguments must be a JSON object, e.g. {\"path\": \"/tmp/x\"}.")
-
-
-def _ask_nonempty(console: Console, prompt: str) -> str:
-    while True:
-        text = console.ask(prompt).strip()
-        if text:
-            return text
-
-
-# --------------------------------------------------------------------------- rendering (pure)
-
-
-def format_arguments(args: Any) -> str:
-    """Tool arguments one per line, ``  name: value``: strings as text, the rest as JSON.
-
-    Control and bidi characters are escaped (:func:`visible`). A string with line feeds is
-    a block: ``  name: (N lines)``, then each line as ``    | line``, so no part of a value
-    can pass for another argument.
-    """
-    if args is None or args == {}:
-        return "  (no arguments)"
-    if not isinstance(args, dict):
-        return "  " + visible_json(args)
-    lines = []
-    for name, value in args.items():
-        if isinstance(value, str) and "\n" in value:
-            parts = value.split("\n")
-            lines.append(f"  {visible(name)}: ({len(parts)} lines)")
-            lines.extend("    | " + visible(part) for part in parts)
-        else:
-            lines.append(f"  {visible(name)}: {visible(value) if isinstance(value, str) else visible_json(value)}")
-    return "\n".join(lines)
-
-
-def format_question(question: dict[str, Any], unicode: bool = True) -> str:
-    """A question with its header, numbered options and previews, and the Other choice."""
-    header = question.get("header")
-    text = visible(question["question"])
-    lines = [f"[{visible(header)}] {text}" if header else text]
-    if question.get("multiSelect"):
-        lines.append("(choose one or more, separated by commas, e.g. 1,3)")
-    options = question["options"]
-    for number, option in enumerate(options, start=1):
-        description = option.get("description")
-        lines.append(f"  {number}. {visible(option['label'])}" + (f" - {visible(description)}" if description else ""))
-        if option.get("markdown"):
-            lines.extend(boxed(str(option["markdown"]), indent="     ", unicode=unicode))
-    lines.append(f"  {len(options) + 1}. {OTHER_LABEL}")
-    return "\n".join(lines)
-
-
-def boxed(text: str, indent: str = "", unicode: bool = True) -> list[str]:
-    """``text`` in a box, for monospace previews (controls escaped; line feeds kept)."""
-    text = visible(text, multiline=True)
-    top, side, bottom = ("┌", "│", "└") if unicode else ("+", "|", "+")
-    rule = ("─" if unicode else "-") * max(8, min(60, max(len(line) for line in text.splitlines() or [""]) + 2))
-    return [indent + top + rule, *(f"{indent}{side} {line}" for line in text.splitlines()), indent + bottom + rule]
-
-
-def parse_choices(text: str, count: int, multi: bool) -> list[int]:
-    """``"1, 3"`` -> ``[1, 3]``: 1-based choices, de-duplicated in order.
-
-    Raises ValueError with a message for the person when the text is not one number
-    (several, separated by commas or spaces, if ``multi``) between 1 and ``count``.
-    """
-    parts = [part for part in text.replace(",", " ").split() if part]
-    expected = f"a number from 1 to {count}" + (", or several separated by commas" if multi else "")
-    if not parts or (len(parts) > 1 and not multi):
-        raise ValueError(f"Please enter {expected}.")
-    picks: list[int] = []
-    for part in parts:
-        if not part.isdigit() or not 1 <= int(part) <= count:
-            raise ValueError(f"{part!r} is not a choice. Please enter {expected}.")
-        if int(part) not in picks:
-            picks.append(int(part))
-    return picks
-
-
-def _valid_questions(payload: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The payload's questions if every one can be rendered, else None."""
-    questions = payload.get("questions")
-    if not isinstance(questions, list) or not questions:
-        return None
-    for question in questions:
-        if not isinstance(question, dict) or not isinstance(question.get("question"), str):
-            return None
-        options = question.get("options")
-        if not isinstance(options, list) or not all(isinstance(o, dict) and "label" in o for o in options):
-            return None
-    return questions
-
-
-def error_summary(error: str | None) -> str:
-    """The last line of an agent's traceback (``ValueError: boom``), or the whole message."""
-    if not error:
-        return "the turn failed"
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    if lines and lines[0].startswith("Traceback (most recent call last)"):
-        return lines[-1].strip()
-    return error.strip()
-
-
-def format_custom(kind: str, payload: dict[str, Any]) -> str:
-    """A custom interrupt: ``[kind] title``, its ``prompt``, then the whole payload as JSON.
-
-    ``title`` and ``prompt`` are the payload's own words for the person, when it has them
-    (strings; the prompt may span lines); with neither, the first line says that the agent
-    is waiting for an answer.
-    """
-    words = [
-        visible(text.strip(), multiline=name == "prompt")
-        for name in ("title", "prompt")
-        if isinstance(text := payload.get(name), str) and text.strip()
-    ]
-    lead = "\n".join(words) if words else "The agent is waiting for an answer."
-    return f"[{visible(kind)}] {lead}\n{visible_json(payload, indent=2)}"
 
 
 # --------------------------------------------------------------------------- the chat
@@ -843,17 +441,3 @@ def _ctrl_c_held_back() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if pressed:
         raise KeyboardInterrupt
-
-
-def describe_error(exc: ClientError) -> str:
-    """One line for a person: what failed and, for 401, what to do about it (controls escaped)."""
-    if exc.status is None:
-        return visible(exc.detail)
-    try:
-        phrase = HTTPStatus(exc.status).phrase
-    except ValueError:
-        phrase = "HTTP error"
-    text = f"{exc.status} {phrase}: {visible(exc.detail)}"
-    if exc.status == 401:
-        text += " (set --api-key or MOTUS_API_KEY)"
-    return text

@@ -28,7 +28,7 @@ Guarantees and rules:
   does), so a worker that stops reading blocks only the thread writing to it, never the
   server. The one send the manager makes itself is a small job to the process it has just
   been given: nothing was ever written to that pipe, so the write fits in its buffer whole
-  (``_send_job_at_once``).
+  (``_send_job_at_once``; the limit is ``motus.serve.pipes.inline_job_limit``).
 - After ``stop`` or ``kill`` the listener hears nothing more from that handle: the caller has
   already decided how the turn ends. A handle's process is never signalled after it is reaped.
 - ``stop`` closes the pipe: an agent awaiting ``interrupt()`` sees ``EOFError("Worker pipe
@@ -44,8 +44,8 @@ Guarantees and rules:
   growing back-off, never in a loop.
 - Listener callbacks run on the manager thread without the pool lock held.
 - The manager never waits on one worker: it reads what a readable pipe holds and passes on
-  only whole messages (``_Frames``), so a worker stalled halfway through a message holds up
-  its own turn, not every other one.
+  only whole messages (``motus.serve.pipes.Frames``), so a worker stalled halfway through a
+  message holds up its own turn, not every other one.
 
 Thread ownership: every ``Handle`` and ``_Warm`` field is guarded by ``WorkerPool._lock``,
 except ``conn`` writes (``send_lock``), and its reads, ``frames`` and ``close`` (manager
@@ -54,25 +54,22 @@ thread only).
 
 from __future__ import annotations
 
-import io
 import logging
 import multiprocessing
-import os
 import queue
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
 from motus.durable.interrupt import EXIT_GRACE_SECONDS
 from motus.durable.records import Failure, Job, Result
 from motus.serve.errors import ServerUnavailable
 from motus.serve.metrics import NO_METRICS, Hooks
+from motus.serve.pipes import Frames, inline_job_limit, pickled_within, unpickle
 from motus.serve.processes import WorkerProcess, launcher
 from motus.serve.zygote import wait_readable
 
@@ -90,52 +87,10 @@ REAP_GRACE_SECONDS = 5.0
 #: row up to the maximum (a launched job does not wait: it gets an attempt at once).
 START_RETRY_SECONDS = 0.5
 START_RETRY_MAX_SECONDS = 30.0
+#: How long the manager reads what an exited worker left in its pipe (its last words).
+LAST_WORDS_SECONDS = 1.0
 
 Sends = list[tuple["Handle", object]]
-
-
-class _CappedBuffer(io.BytesIO):
-    """A pickling buffer that refuses to grow past ``limit`` bytes: a job too large for the
-    manager to send itself is given up after the pickler's first 64 KiB frame, instead of
-    being pickled whole on the thread that reads every worker's results (24 MB of history
-    took ~200 ms), then again by the sender."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self._limit = limit
-
-    def write(self, data: Any) -> int:
-        if self.tell() + len(data) > self._limit:
-            raise OverflowError(f"more than {self._limit} bytes")
-        return super().write(data)
-
-
-def _text_at_least(job: Job, limit: int) -> bool:
-    """Whether the job's messages hold more than ``limit`` characters of text, so it surely
-    pickles to more than ``limit`` bytes (a str pickles to at least a byte a character).
-    Microseconds for a long history, against pickling the first 64 KiB of it to find out."""
-    total = 0
-    for message in (job.message, *job.state):
-        content = message.get("content") if type(message) is dict else None
-        if type(content) is str:
-            total += len(content)
-            if total > limit:
-                return True
-    return False
-
-
-def _inline_job_limit() -> int:
-    """The largest pickled job the manager sends itself: a quarter of a fresh socket pair's
-    send buffer (212,992 bytes by default on Linux), at most 32 KiB, so a first write to an
-    empty pipe never waits for the reader."""
-    import socket
-
-    left, right = socket.socketpair()
-    try:
-        return min(32 * 1024, left.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 4)
-    finally:
-        left.close()
-        right.close()
 
 
 class PoolListener(Protocol):
@@ -148,58 +103,6 @@ class PoolListener(Protocol):
 
 class PoolClosed(ServerUnavailable):
     """The pool is shutting down and takes no new turns."""
-
-
-#: How long the manager reads what an exited worker left in its pipe (its last words).
-LAST_WORDS_SECONDS = 1.0
-
-
-class _Frames:
-    """A worker's messages, read without ever blocking the manager (which reads every
-    worker's pipe). ``Connection.recv`` reads a whole frame, waiting for as long as its
-    writer takes: a worker that wrote half a frame, or was stopped halfway through a large
-    result, held up every other turn's messages. Here each pass makes one ``read(2)``,
-    which returns what is there once the pipe is readable, and takes whole frames out of
-    what has come so far (``multiprocessing``'s: a 4-byte big-endian length, or -1 and an
-    8-byte one, then the bytes). Manager thread only."""
-
-    CHUNK = 1 << 20
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def read(self, fd: int) -> bool:
-        """Take in what the pipe holds; False at its end (the worker closed it)."""
-        try:
-            data = os.read(fd, self.CHUNK)
-        except BlockingIOError:
-            return True  # nothing after all (a spurious wake-up)
-        if not data:
-            return False
-        self._buffer += data
-        return True
-
-    def take(self) -> bytes | None:
-        """The next whole frame's bytes, or None until one has fully arrived."""
-        buffer = self._buffer
-        if len(buffer) < 4:
-            return None
-        (size,) = struct.unpack_from("!i", buffer)
-        start = 4
-        if size == -1:
-            if len(buffer) < 12:
-                return None
-            (size,) = struct.unpack_from("!Q", buffer, 4)
-            start = 12
-        if size < 0:  # no worker of ours writes that: an empty frame, which cannot be unpickled
-            del buffer[:4]
-            return b""
-        end = start + size
-        if len(buffer) < end:
-            return None
-        frame = bytes(buffer[start:end])
-        del buffer[:end]
-        return frame
 
 
 @dataclass(eq=False)
@@ -218,7 +121,7 @@ class Handle:
     close_blocked_since: float | None = None  # a sender held send_lock when we came to close
     reaped: bool = False  # its process has exited and been joined: never signal its pid again
     kill_at: float | None = None
-    frames: _Frames = field(default_factory=_Frames)  # what its worker wrote, not yet whole (manager only)
+    frames: Frames = field(default_factory=Frames)  # what its worker wrote, not yet whole (manager only)
 
 
 @dataclass(eq=False)
@@ -290,7 +193,7 @@ class WorkerPool:
         self._stopped = False
         self._wakeup = _Wakeup()
         self._outbox: queue.SimpleQueue[Sends | None] = queue.SimpleQueue()
-        self._inline_limit = _inline_job_limit()
+        self._inline_limit = inline_job_limit()
         self._manager = threading.Thread(target=self._manage, name="motus-pool-manager", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="motus-pool-sender", daemon=True)
         self._spawner = threading.Thread(target=self._spawn_loop, name="motus-pool-spawner", daemon=True)
@@ -468,14 +371,11 @@ class WorkerPool:
         ``_inline_limit`` bytes: it fits in the empty send buffer, so the write returns at
         once even if the process never reads (a dead one fails it with EPIPE). Anything
         else, or a job that cannot be pickled (the sender reports why), goes to the sender."""
-        if not isinstance(message, Job) or _text_at_least(message, self._inline_limit):
+        if not isinstance(message, Job):
             return False
-        buffer = _CappedBuffer(self._inline_limit)
-        try:
-            ForkingPickler(buffer).dump(message)
-        except Exception:  # too big (given up after one frame), or the sender reports why
+        data = pickled_within(message, self._inline_limit)
+        if data is None:  # too big, or the sender reports why it cannot be pickled
             return False
-        data = buffer.getbuffer()
         if not handle.send_lock.acquire(blocking=False):
             return False
         try:
@@ -692,18 +592,14 @@ class WorkerPool:
 
     def _receive(self, handle: Handle) -> bool:
         """Read what a readable worker pipe holds, without blocking, and pass on each whole
-        message in order (manager thread only; see ``_Frames``). False once the pipe has
+        message in order (manager thread only; see ``motus.serve.pipes.Frames``). False once the pipe has
         ended."""
         try:
             open_ = handle.frames.read(handle.conn.fileno())  # type: ignore[union-attr]
         except OSError:
             open_ = False
         while (frame := handle.frames.take()) is not None:
-            try:
-                message = ForkingPickler.loads(frame)
-            except (Exception, SystemExit) as exc:  # an unpicklable message from the agent's process
-                # (SystemExit too: unpickling may call anything, and it would end this thread.)
-                message = Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
+            message = unpickle(frame)  # a Failure if the agent's process wrote something unreadable
             if isinstance(message, (Result, Failure)):
                 self._report_outcome(handle, message)
                 return open_

@@ -1,6 +1,6 @@
 """An agent for ``tests/integration/serve/workers/test_pipe_read_attacks.py``: it writes raw bytes
 (whole, partial, concatenated or malformed ``multiprocessing`` frames) on its worker's pipe,
-to attack the pool manager's non-blocking reader (``motus.serve.pool._Frames``). Served as
+to attack the pool manager's non-blocking reader (``motus.serve.pipes.Frames``). Served as
 ``tests.agents.pipe_read_attack:attacker``.
 
 ``attacker`` reads ``COMMAND ARGS...`` from the message; anything else is an echo turn that

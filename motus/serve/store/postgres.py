@@ -21,10 +21,9 @@ Guarantees (the contract is "Several instances" in the durability spec):
   (``renew_lease``); ``claim_orphans`` takes the live turns of instances whose lease
   lapsed, with ``FOR UPDATE SKIP LOCKED``, so each is taken by exactly one instance.
   Times are the database's own clock, the one clock every instance shares.
-- The schema has a version in ``motus_meta``; a database written by a newer motus is refused.
-  A database from version 2 has each session's history moved to ``motus_messages`` (a row a
-  message) by the first instance of version 3 to start, in one transaction: stop every
-  instance of the earlier version first, since they read and write the history whole.
+- The schema has a version in ``motus_meta``; a database written by a newer motus is refused,
+  and one from version 2 is moved to version 3 as the store opens
+  (``motus.serve.store.postgres_schema``).
 - A save with a history writes only the rows past ``SessionRecord.kept``, after checking in
   the same transaction that the rows before it are there (otherwise ``StaleSession``: the
   caller reads the session again and writes it whole).
@@ -47,7 +46,6 @@ from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
     RECENT_EVENTS,
-    SCHEMA_VERSION,
     AuditRecord,
     Event,
     RecentEvents,
@@ -60,6 +58,7 @@ from motus.serve.store.base import (
     turn_from_json,
     turn_json,
 )
+from motus.serve.store.postgres_schema import create_schema
 
 log = logging.getLogger(__name__)
 
@@ -86,74 +85,6 @@ CONNECTION_SETTINGS: dict[str, Any] = {
     "keepalives_count": 3,
     "application_name": "motus",
 }
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS motus_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS motus_sessions (
-    session_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    state TEXT NOT NULL,
-    response TEXT,
-    error TEXT,
-    turn_id BIGINT NOT NULL,
-    touched DOUBLE PRECISION NOT NULL,
-    turn TEXT,
-    grants TEXT,
-    version BIGINT NOT NULL,
-    owner TEXT
-);
-CREATE INDEX IF NOT EXISTS motus_sessions_by_owner ON motus_sessions (owner) WHERE owner IS NOT NULL;
-CREATE TABLE IF NOT EXISTS motus_journal (
-    session_id TEXT NOT NULL,
-    turn_id BIGINT NOT NULL,
-    seq BIGINT NOT NULL,
-    kind TEXT NOT NULL,
-    key TEXT NOT NULL,
-    label TEXT NOT NULL,
-    done BOOLEAN NOT NULL,
-    value BYTEA,
-    ref TEXT,
-    payload TEXT,
-    answered_at DOUBLE PRECISION,
-    answered_by TEXT,
-    parent BIGINT,
-    created_at DOUBLE PRECISION,
-    expires_at DOUBLE PRECISION,
-    default_value BYTEA,
-    PRIMARY KEY (session_id, turn_id, seq)
-);
-CREATE TABLE IF NOT EXISTS motus_events (
-    seq BIGINT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    data TEXT NOT NULL,
-    at DOUBLE PRECISION NOT NULL
-);
-CREATE INDEX IF NOT EXISTS motus_events_by_session ON motus_events (session_id, seq);
-CREATE SEQUENCE IF NOT EXISTS motus_incarnations;
-CREATE TABLE IF NOT EXISTS motus_event_counter (id INT PRIMARY KEY, seq BIGINT NOT NULL);
-INSERT INTO motus_event_counter (id, seq) VALUES (1, 0) ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS motus_audit (
-    id BIGSERIAL PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    at DOUBLE PRECISION NOT NULL,
-    by TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS motus_audit_by_session ON motus_audit (session_id, id);
-CREATE TABLE IF NOT EXISTS motus_messages (
-    session_id TEXT NOT NULL,
-    seq BIGINT NOT NULL,
-    body TEXT NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-CREATE TABLE IF NOT EXISTS motus_leases (
-    instance_id TEXT PRIMARY KEY,
-    expires TIMESTAMPTZ NOT NULL,
-    started TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-"""
 
 _SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner"
 _JOURNAL_COLUMNS = (
@@ -195,7 +126,7 @@ class PostgresStore(SharedStore):
             raise StoreError("PostgreSQL stores need psycopg 3: pip install 'motus[postgres]'") from None
         try:
             with psycopg.connect(self.dsn, autocommit=True, **CONNECTION_SETTINGS) as conn:
-                self._create_schema(conn)
+                create_schema(conn, self.url, self._put_history)
         except psycopg.Error as exc:
             raise StoreError(f"Cannot open store postgresql://{where(self.dsn)}: {_one_line(exc)}") from None
         self._closing.clear()
@@ -207,46 +138,6 @@ class PostgresStore(SharedStore):
         with self._lock:
             self._pulled = self._newest_seq()
         self.renew_lease()
-
-    def _create_schema(self, conn: Any) -> None:
-        with conn.transaction():
-            # Instances starting together wait here for the first, however long it takes to
-            # move a large version 2 database's histories (the connection's timeouts would
-            # give up after 5 s of waiting for the lock, or 15 s of a statement).
-            conn.execute("SET LOCAL lock_timeout = 0")
-            conn.execute("SET LOCAL statement_timeout = 0")
-            conn.execute("SELECT pg_advisory_xact_lock(7231)")
-            exists = conn.execute("SELECT to_regclass('motus_meta') IS NOT NULL").fetchone()[0]
-            version = None
-            if exists:
-                row = conn.execute("SELECT value FROM motus_meta WHERE key = 'schema_version'").fetchone()
-                if row is not None:
-                    try:
-                        version = int(row[0])
-                    except ValueError:
-                        raise StoreError(f"Store postgresql://{where(self.dsn)} has an unreadable schema version {row[0]!r}") from None
-                    if version > SCHEMA_VERSION:
-                        raise StoreError(
-                            f"Store postgresql://{where(self.dsn)} has schema version {version}, newer than this motus "
-                            f"understands ({SCHEMA_VERSION}); upgrade motus. The database was not changed."
-                        )
-            conn.execute(_SCHEMA)
-            if version != SCHEMA_VERSION:
-                self._move_histories(conn)
-            conn.execute(
-                "INSERT INTO motus_meta (key, value) VALUES ('schema_version', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                (str(SCHEMA_VERSION),),
-            )
-
-    @staticmethod
-    def _move_histories(conn: Any) -> None:
-        """Version 3: move each history kept whole in ``motus_sessions.state`` into
-        ``motus_messages``, one history in memory at a time (in the caller's transaction)."""
-        for (session_id,) in conn.execute("SELECT session_id FROM motus_sessions WHERE state <> ''").fetchall():
-            (state,) = conn.execute("SELECT state FROM motus_sessions WHERE session_id = %s", (session_id,)).fetchone()
-            PostgresStore._put_history(conn, session_id, load_json(state), 0)
-            conn.execute("UPDATE motus_sessions SET state = '' WHERE session_id = %s", (session_id,))
 
     def close(self) -> None:
         self._closing.set()

@@ -26,7 +26,15 @@ API_MODULES = ["motus.api", "motus.api.webhook_urls", "motus.api.schemas"]
 #: Each client module; every one must load no server module.
 #: (Importing any of them runs ``motus/client/__init__.py``, which loads ``library`` and
 #: ``events``: the package comes first so that what it loads is blamed on it.)
-CLIENT_MODULES = ["motus.client", "motus.client.events", "motus.client.library", "motus.client.chat", "motus.client.commands"]
+CLIENT_MODULES = [
+    "motus.client",
+    "motus.client.events",
+    "motus.client.library",
+    "motus.client.terminal",
+    "motus.client.prompts",
+    "motus.client.chat",
+    "motus.client.commands",
+]
 
 _PROBE = """
 import importlib, json, sys

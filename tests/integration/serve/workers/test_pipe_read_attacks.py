@@ -1,4 +1,4 @@
-"""Attacks on the pool manager's non-blocking pipe reader (``motus.serve.pool._Frames``,
+"""Attacks on the pool manager's non-blocking pipe reader (``motus.serve.pipes.Frames``,
 ``WorkerPool._receive`` / ``_reap``): a worker's message must never be lost, duplicated,
 reordered or corrupted; a partial message must never become an outcome; one worker must
 never stall the manager (every other turn) or leave its own turn running for ever. The agent

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from motus.serve import pool as pool_module
+from motus.serve import pipes as pipes_module
 from motus.serve.pool import Handle, WorkerPool
 from motus.serve.protocol import Failure, Job, Result
 from multiprocessing.reduction import ForkingPickler
@@ -166,12 +166,12 @@ def test_the_manager_does_not_pickle_a_huge_job_before_it_knows_it_is_too_big(po
     written: dict[str, int] = {}
     current: list[str] = []
 
-    class Counting(pool_module._CappedBuffer):
+    class Counting(pipes_module._CappedBuffer):
         def write(self, data):  # type: ignore[no-untyped-def]
             written[current[-1]] = written.get(current[-1], 0) + len(data)
             return super().write(data)
 
-    monkeypatch.setattr(pool_module, "_CappedBuffer", Counting)
+    monkeypatch.setattr(pipes_module, "_CappedBuffer", Counting)
     original = pool._send_job_at_once
 
     def naming(handle: Handle, message: object) -> bool:

@@ -1,4 +1,4 @@
-"""``pool._Frames``: a worker's messages taken out of what its pipe has delivered so far,
+"""``pipes.Frames``: a worker's messages taken out of what its pipe has delivered so far,
 whole and in order, however the bytes were split, without ever waiting for more."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from motus.serve.pool import _Frames
+from motus.serve.pipes import Frames
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def pipe() -> Iterator[tuple[multiprocessing.connection.Connection, multiprocess
     writer.close()
 
 
-def drain(frames: _Frames, reader: multiprocessing.connection.Connection) -> list[bytes]:
+def drain(frames: Frames, reader: multiprocessing.connection.Connection) -> list[bytes]:
     taken = []
     while reader.poll(0):
         assert frames.read(reader.fileno())
@@ -37,7 +37,7 @@ def test_frames_written_by_a_connection_come_out_whole_and_in_order(pipe) -> Non
     sent = [b"", b"x", b"y" * 16_385, pickle.dumps({"a": 1}), b"z" * 100_000]
     done = threading.Thread(target=lambda: [writer.send_bytes(data) for data in sent])
     done.start()
-    frames, got = _Frames(), []
+    frames, got = Frames(), []
     while len(got) < len(sent):
         reader.poll(5)
         got.extend(drain(frames, reader))
@@ -49,7 +49,7 @@ def test_a_frame_split_at_every_byte_is_taken_only_once_whole(pipe) -> None:  # 
     reader, writer = pipe
     body = pickle.dumps(("a message", 1))
     raw = struct.pack("!i", len(body)) + body + struct.pack("!i", 1) + b"!"
-    frames, got = _Frames(), []
+    frames, got = Frames(), []
     for i in range(len(raw)):
         os.write(writer.fileno(), raw[i : i + 1])
         got.extend(drain(frames, reader))
@@ -63,14 +63,14 @@ def test_the_long_header_form_is_read(pipe) -> None:  # type: ignore[no-untyped-
     must read the same."""
     reader, writer = pipe
     os.write(writer.fileno(), struct.pack("!i", -1) + struct.pack("!Q", 3) + b"abc")
-    assert drain(_Frames(), reader) == [b"abc"]
+    assert drain(Frames(), reader) == [b"abc"]
 
 
 def test_the_end_of_the_pipe_is_said_and_a_half_frame_is_never_taken(pipe) -> None:  # type: ignore[no-untyped-def]
     reader, writer = pipe
     os.write(writer.fileno(), struct.pack("!i", 10) + b"12345")
     writer.close()
-    frames = _Frames()
+    frames = Frames()
     assert frames.read(reader.fileno()) and frames.take() is None
     assert not frames.read(reader.fileno())  # the end: nothing more will come
     assert frames.take() is None
@@ -82,6 +82,6 @@ def test_a_negative_size_is_an_empty_frame_that_cannot_be_unpickled(pipe) -> Non
     everything written after it."""
     reader, writer = pipe
     os.write(writer.fileno(), struct.pack("!i", -2) + b"\0" * 100)
-    frames = _Frames()
+    frames = Frames()
     assert frames.read(reader.fileno())
     assert frames.take() == b""

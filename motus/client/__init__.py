@@ -3,7 +3,8 @@
 ``from motus.client import Client`` is the library (:mod:`motus.client.library`; every public
 name of it is importable from here). The rest of the package builds on it only:
 
-- :mod:`motus.client.chat`: the interactive chat of ``motus serve chat``;
+- :mod:`motus.client.chat`: the interactive chat of ``motus serve chat`` (its terminal side in
+  :mod:`motus.client.terminal` and :mod:`motus.client.prompts`);
 - :mod:`motus.client.commands`: the ``motus serve`` client commands (``chat``, ``health``,
   ``create``, ``sessions``, ``get``, ``delete``, ``messages``, ``send``, ``inbox``).
 

@@ -1,7 +1,7 @@
 """WSGI entry point: the server built from ``MOTUS_*`` environment variables, for gunicorn::
 
     MOTUS_AGENT=examples.serving.hitl_agent:agent MOTUS_THREADS=64 \\
-        gunicorn -w 1 -k motus.serve.gunicorn_app.MotusWorker --threads 64 'motus.serve.wsgi:app'
+        gunicorn -w 1 -k motus.serve.gunicorn.MotusWorker --threads 64 'motus.serve.wsgi:app'
 
 Every server setting (``motus.serve.config.SETTINGS``; the README's table of options) is read
 from its variable, with the same default and the same checks as ``motus serve start``:
@@ -9,7 +9,7 @@ from its variable, with the same default and the same checks as ``motus serve st
 ``MOTUS_PARK_AFTER`` (seconds or ``never``), ``MOTUS_UI`` (1/0), and so on. gunicorn binds
 and runs the threads: give ``MOTUS_HOST`` the address it binds (for the Host and webhook
 checks) and ``MOTUS_THREADS`` its ``--threads``, from which long polls and event streams
-are capped as under the CLI. The worker class ``motus.serve.gunicorn_app.MotusWorker`` keeps
+are capped as under the CLI. The worker class ``motus.serve.gunicorn.MotusWorker`` (``motus.serve.gunicorn_app.MotusWorker``, its old path, still works) keeps
 slow clients off the request threads and reads ``MOTUS_READ_TIMEOUT``.
 
 Importing this module builds the server and starts nothing: the pool starts with the first

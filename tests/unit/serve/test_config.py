@@ -214,6 +214,22 @@ def test_a_bad_value_names_its_variable(name: str, raw: str) -> None:
             _cli_params(start, [setting.flag, raw])
 
 
+@pytest.mark.parametrize(
+    "setting", [s for s in SETTINGS if isinstance(getattr(s.type, "inner", s.type), click.FloatRange)], ids=lambda setting: setting.name
+)
+def test_no_number_of_seconds_is_nan(setting: config.Setting) -> None:
+    """NaN passes every range check (each comparison with it is false). The old CLI refused
+    ``--park-after nan``; taken, a NaN park time or deadline at the top of the timer heap
+    stops every later timer (no turn times out) and spins the housekeeping thread."""
+    for raw in ("nan", "NaN", " -nan "):
+        with pytest.raises(ConfigError, match=setting.env_var):
+            settings_from_env({setting.env_var: raw})
+        with pytest.raises(click.BadParameter):
+            _cli_params(start, [setting.flag, raw])
+        with pytest.raises(click.BadParameter):
+            _cli_params(serve_command, [setting.flag, raw])
+
+
 def test_a_bad_secret_is_not_repeated() -> None:
     with pytest.raises(ConfigError) as caught:
         settings_from_env({"MOTUS_METRICS_PORT": "x"})

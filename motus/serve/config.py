@@ -348,11 +348,16 @@ def agent_from_env(environ: Mapping[str, str]) -> str:
 def server_from_env(environ: Mapping[str, str] | None = None) -> Any:
     """The ``AgentServer`` the environment describes, as the WSGI entry point builds it
     (``SystemExit`` with one line naming the variable if it cannot be built)."""
+    from motus.serve.agents import AgentLoadError
+    from motus.serve.store import StoreError
+
     environ = os.environ if environ is None else environ
     agent = agent_from_env(environ)
     try:
         return build_server(agent, settings_from_env(environ))
-    except ConfigError as exc:
+    except (ConfigError, AgentLoadError, StoreError, ValueError) as exc:
+        # ValueError: AgentServer's own checks (an agent no worker can load, two API keys
+        # with one secret). Each message is one line that says what to fix.
         raise SystemExit(str(exc)) from None
 
 

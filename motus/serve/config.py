@@ -20,6 +20,7 @@ Nothing here holds state; the table is immutable.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,6 +48,18 @@ _FALSE = {"0", "false", "no", "off"}
 
 class ConfigError(ValueError):
     """A setting's value that cannot be used; the message names where it came from."""
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds in a range, never NaN: every comparison with NaN is false, so it
+    passes any range, and a NaN deadline or park time stuck at the top of the timer heap
+    would stop every later timer and spin the housekeeping thread."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if isinstance(seconds, float) and math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 class _NeverOr(click.ParamType):
@@ -149,22 +162,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host", "--host", click.STRING, "127.0.0.1", "Address to bind."),
     Setting("port", "--port", click.IntRange(0, 65535), 8000, "Port to bind.", keyword=None),
     Setting("workers", "--workers", click.IntRange(0), 0, "Turns running at once (default: CPU count).", keyword="max_workers", shown="CPU count"),
-    Setting("ttl", "--ttl", click.FloatRange(0), 0.0, "Sweep idle/error sessions untouched this long (s); 0 = never."),
-    Setting("timeout", "--timeout", click.FloatRange(0), 0.0, "Kill a turn after this many seconds; 0 = never."),
+    Setting("ttl", "--ttl", Seconds(0), 0.0, "Sweep idle/error sessions untouched this long (s); 0 = never."),
+    Setting("timeout", "--timeout", Seconds(0), 0.0, "Kill a turn after this many seconds; 0 = never."),
     Setting("max_sessions", "--max-sessions", click.IntRange(0), 10000, "Cap on sessions; 0 = unlimited."),
-    Setting("shutdown_timeout", "--shutdown-timeout", click.FloatRange(0), 30.0, "Wait this long for running turns on shutdown; 0 = as long as they take. With a durable store, turns still running then are replayed at the next start."),
+    Setting("shutdown_timeout", "--shutdown-timeout", Seconds(0), 30.0, "Wait this long for running turns on shutdown; 0 = as long as they take. With a durable store, turns still running then are replayed at the next start."),
     Setting(
         "store", "--store", click.STRING, None,
         "Where sessions live: memory, sqlite:///PATH, or postgresql://USER:PASSWORD@HOST:PORT/DB for several instances (default: sqlite:///.motus/<module>.<attr>.sqlite3; $MOTUS_STORE).",
         cli_env=True, secret=True, metavar="URL", shown="sqlite:///.motus/<module>.<attr>.sqlite3",
     ),
     Setting(
-        "lease_seconds", "--lease-seconds", click.FloatRange(1), 15.0,
+        "lease_seconds", "--lease-seconds", Seconds(1), 15.0,
         "PostgreSQL: an instance that has not renewed its lease for this long is taken for gone, and its turns are taken over by the others.",
         cli_env=True,
     ),
     Setting(
-        "park_after", "--park-after", _NeverOr(click.FloatRange(0)), PARK_BY_STORE,
+        "park_after", "--park-after", _NeverOr(Seconds(0)), PARK_BY_STORE,
         "End the process of a turn that has waited on a person this long; a resume replays it (default: 30 with a durable store, never with memory).",
         cli_env=True, metavar="SECONDS|never", shown="30 (durable store), never (memory)",
     ),
@@ -178,7 +191,7 @@ SETTINGS: tuple[Setting, ...] = (
         kind="list", secret=True, metavar="KEY",
     ),
     Setting("max_request_bytes", "--max-request-bytes", click.IntRange(1024), 10 * 1024 * 1024, "Refuse larger request bodies with 413."),
-    Setting("max_wait", "--max-wait", click.FloatRange(0.1), 300.0, "Longest a long poll may wait (s)."),
+    Setting("max_wait", "--max-wait", Seconds(0.1), 300.0, "Longest a long poll may wait (s)."),
     Setting("max_interrupts", "--max-interrupts", click.IntRange(0), 64, "Interrupts one turn may have pending at once; 0 = no limit."),
     Setting(
         "api_key_file", "--api-key-file", click.STRING, None,
@@ -212,7 +225,7 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="PORT",
     ),
     Setting(
-        "read_timeout", "--read-timeout", click.FloatRange(0.1), 10.0,
+        "read_timeout", "--read-timeout", Seconds(0.1), 10.0,
         "Drop a client that takes longer than this to send its request headers or body (s).",
         keyword=None,
     ),
@@ -335,11 +348,16 @@ def agent_from_env(environ: Mapping[str, str]) -> str:
 def server_from_env(environ: Mapping[str, str] | None = None) -> Any:
     """The ``AgentServer`` the environment describes, as the WSGI entry point builds it
     (``SystemExit`` with one line naming the variable if it cannot be built)."""
+    from motus.serve.agents import AgentLoadError
+    from motus.serve.store import StoreError
+
     environ = os.environ if environ is None else environ
     agent = agent_from_env(environ)
     try:
         return build_server(agent, settings_from_env(environ))
-    except ConfigError as exc:
+    except (ConfigError, AgentLoadError, StoreError, ValueError) as exc:
+        # ValueError: AgentServer's own checks (an agent no worker can load, two API keys
+        # with one secret). Each message is one line that says what to fix.
         raise SystemExit(str(exc)) from None
 
 

@@ -30,6 +30,12 @@ def default_store_url(agent_path: str | None) -> str:
     return f"sqlite:///.motus/{name}.sqlite3"
 
 
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user info, if any, masked: a misspelt
+    ``postgresql://user:password@...`` must not put the password in a message or a log."""
+    return re.sub(r"^([^/?#]*//[^/?#@:]*:)[^/?#@]*@", r"\1***@", url)
+
+
 def store_from_url(url: str) -> Store:
     """The backend for ``url``; a malformed URL is a ``StoreError`` saying what is accepted."""
     url = url.strip()
@@ -56,8 +62,11 @@ def store_from_url(url: str) -> Store:
     if url.startswith(("postgresql://", "postgres://")):
         from motus.serve.store.postgres import PostgresStore
 
-        return PostgresStore(url)
+        try:
+            return PostgresStore(url)
+        except ValueError as exc:  # urllib's reading of it: a port that is not a number
+            raise StoreError(f"Store URL {_without_password(url)!r}: {exc}") from None
     raise StoreError(
-        f"Unsupported store URL {url!r}: use memory, sqlite:///relative/path.db, sqlite:////absolute/path.db "
+        f"Unsupported store URL {_without_password(url)!r}: use memory, sqlite:///relative/path.db, sqlite:////absolute/path.db "
         "or postgresql://user@host:port/database"
     )

@@ -305,10 +305,11 @@ class Machine:
         turn.journal[answered.seq] = answered
         session.touched, session.grants, session.owner = now, grants, owner
         session.retire(interrupt_id, EXPIRED if expired else ALREADY_RESUMED)
-        self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
         if take:
             self._adopt_locked(session, turn, after)
         self._deliver_locked(session, turn, Resume(interrupt_id=interrupt_id, value=value), last, after)
+        # Last, as it may raise: the answer is committed, so it must reach the turn first.
+        self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
         return status
 
     def _deliver_locked(self, session: Session, turn: Turn, message: Resume, last: bool, after: After) -> None:

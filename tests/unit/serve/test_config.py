@@ -214,6 +214,22 @@ def test_a_bad_value_names_its_variable(name: str, raw: str) -> None:
             _cli_params(start, [setting.flag, raw])
 
 
+@pytest.mark.parametrize(
+    "setting", [s for s in SETTINGS if isinstance(getattr(s.type, "inner", s.type), click.FloatRange)], ids=lambda setting: setting.name
+)
+def test_no_number_of_seconds_is_nan(setting: config.Setting) -> None:
+    """NaN passes every range check (each comparison with it is false). The old CLI refused
+    ``--park-after nan``; taken, a NaN park time or deadline at the top of the timer heap
+    stops every later timer (no turn times out) and spins the housekeeping thread."""
+    for raw in ("nan", "NaN", " -nan "):
+        with pytest.raises(ConfigError, match=setting.env_var):
+            settings_from_env({setting.env_var: raw})
+        with pytest.raises(click.BadParameter):
+            _cli_params(start, [setting.flag, raw])
+        with pytest.raises(click.BadParameter):
+            _cli_params(serve_command, [setting.flag, raw])
+
+
 def test_a_bad_secret_is_not_repeated() -> None:
     with pytest.raises(ConfigError) as caught:
         settings_from_env({"MOTUS_METRICS_PORT": "x"})
@@ -229,6 +245,26 @@ def test_wsgi_needs_the_agent() -> None:
         server_from_env({})
     with pytest.raises(SystemExit, match="MOTUS_MAX_WAIT"):
         server_from_env({"MOTUS_AGENT": AGENT, "MOTUS_MAX_WAIT": "never"})
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"MOTUS_STORE": "postgresq://user:s3cret@db.example/motus"}, "Unsupported store URL 'postgresq://user:***@db.example/motus'"),
+        ({"MOTUS_STORE": "postgresql://user:s3cret@db.example:port/motus"}, "Store URL 'postgresql://user:***@db.example:port/motus'"),
+        ({"MOTUS_AGENT": "tests.no_such_module:agent"}, "Could not import module 'tests.no_such_module'"),
+        ({"MOTUS_API_KEY": "s3cret-key-1,s3cret-key-1"}, "Two API keys have the same secret"),
+    ],
+    ids=["misspelt-store", "store-port", "agent", "same-key-twice"],
+)
+def test_wsgi_stops_with_one_line_that_repeats_no_secret(env: dict[str, str], says: str) -> None:
+    """What the server itself refuses (the store URL, the agent, the keys) stops the WSGI
+    import as a value that does not parse does: one line, not a traceback, and never the
+    password of a store URL."""
+    with pytest.raises(SystemExit) as caught:
+        server_from_env({"MOTUS_AGENT": AGENT, "MOTUS_STORE": "memory", **env})
+    message = str(caught.value.code)
+    assert message.startswith(says) and "\n" not in message and "s3cret" not in message
 
 
 def test_the_top_level_wsgi_is_the_packaged_one() -> None:

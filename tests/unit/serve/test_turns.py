@@ -908,6 +908,35 @@ def test_a_failure_after_the_turn_ended_still_frees_its_slot_and_wakes_its_waite
     assert [h.session_id for h in pool.launched] == [sid, other]  # the slot went to the next turn
 
 
+class _RaisingAnswerHooks(Hooks):
+    """A metrics hook with a bug in ``interrupt_answered`` (it runs once the answer is committed)."""
+
+    def interrupt_answered(self, reason: str, seconds: float | None) -> None:
+        raise RuntimeError("a metrics backend with a bug")
+
+
+@pytest.mark.parametrize("parked", [False, True], ids=["waiting", "parked"])
+def test_a_failure_after_the_last_answer_is_committed_still_passes_it_on(make_turns: MakeTurns, parked: bool) -> None:
+    """The answer is in the store (the session's row says ``running``) before the metrics
+    hook runs. A hook that raises then (the resume is a 500) must not leave the turn
+    waiting on an answer that is no longer pending: shown ``interrupted`` with nothing to
+    answer (the derived status), or ``running`` for ever with the value never sent (the
+    status assigned by hand before it was derived)."""
+    turns, pool = make_turns(max_workers=1, park_after=0.0 if parked else None)
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "a")
+    if parked:
+        assert pool.any_killed.wait(5) and state_of(turns, sid) is P
+    turns.metrics = _RaisingAnswerHooks()
+    with pytest.raises(RuntimeError, match="a metrics backend with a bug"):
+        turns.resume(sid, "a", True)
+    assert turns.get(sid).status is RUNNING and turns.get(sid).interrupts == ()
+    if parked:  # replayed from its journal in a fresh process
+        assert [h.session_id for h in pool.launched] == [sid, sid] and state_of(turns, sid) is R
+    else:
+        assert pool.sent_to(handle) == [Resume("a", True)] and state_of(turns, sid) is R
+
+
 def test_an_outcome_that_cannot_be_applied_ends_the_turn_in_error(make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug that raises while a result is applied, before the turn has ended. The pool has
     already finished the handle, so without this nothing would ever end the turn."""

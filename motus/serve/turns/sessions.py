@@ -218,6 +218,8 @@ class Turns(Queries, TimedMoves, Machine):
         """Forget a remembered approval. A turn already running keeps the grants it started
         with (a replay must see what the first run saw); the next turn asks again."""
         def revoke(session: Session, after: After) -> None:
+            if self._closing:  # a turn the shutdown cut short is not in the row any more
+                raise ServerUnavailable("Server is shutting down")
             if tool_name not in session.grants:
                 raise GrantNotFound(f"Session {session_id} has no remembered approval for tool {tool_name!r}")
             now = self._clock()

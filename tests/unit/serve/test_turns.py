@@ -604,6 +604,10 @@ def test_begin_shutdown_releases_waiters_and_refuses_new_work(make_turns: MakeTu
     with pytest.raises(ServerUnavailable, match="^Server is shutting down$"):
         turns.start_turn(idle, MESSAGE)
     assert turns.get(idle).status is IDLE and len(pool.launched) == 1
+    turns._session(idle).grants = {"delete_file": {"by": "anonymous", "at": 0.0}}
+    with pytest.raises(ServerUnavailable, match="^Server is shutting down$"):  # its write would drop a cut turn
+        turns.revoke(idle, "delete_file")
+    assert list(turns.grants(idle)) == ["delete_file"]
 
     turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[REPLY]))  # running turns still finish
     assert turns.get(sid).status is IDLE

@@ -97,6 +97,19 @@ def shared_app(start: Callable[..., Server], fake: SharedProvider, sandbox: Path
         app.delete_sessions()
 
 
+def shared_app_fixture(agent: str) -> Callable[..., Iterator[SharedApp]]:
+    """A ``shared`` fixture for a module (``shared = shared_app_fixture(AGENT)``): its server
+    of ``agent``, for tests that each use sessions of their own. The module imports
+    ``module_provider`` and ``module_sandbox`` too."""
+
+    @pytest.fixture
+    def shared(shared_server: Callable[..., Server], module_provider: SharedProvider, module_sandbox: Path) -> Iterator[SharedApp]:
+        with shared_app(shared_server, module_provider, module_sandbox, agent) as app:
+            yield app
+
+    return shared
+
+
 def approval(body: dict) -> list[tuple[str, dict]]:
     """The pending interrupts as ``(interrupt_id, payload)``, sorted by payload."""
     items = [(item["interrupt_id"], item["payload"]) for item in body["interrupts"]]

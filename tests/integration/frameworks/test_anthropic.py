@@ -8,7 +8,7 @@ API), which records every request. What the tools did is counted on disk in a sa
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,8 +21,7 @@ from tests.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_u
 from tests.integration.serve.test_durability import assert_parked  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
     SharedApp,
-    SharedProvider,
-    shared_app,
+    shared_app_fixture,
     module_provider,  # noqa: F401 - fixture
     module_sandbox,  # noqa: F401 - fixture
     agent_env,
@@ -45,11 +44,7 @@ def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path
     return start_server(f"{APP}:{name}", *args, env=agent_env(sandbox, fake))
 
 
-@pytest.fixture
-def shared(shared_server: Callable[..., Server], module_provider: SharedProvider, module_sandbox: Path) -> Iterator[SharedApp]:
-    """The module's server of the runner (for tests that each use sessions of their own)."""
-    with shared_app(shared_server, module_provider, module_sandbox, f"{APP}:runner") as app:
-        yield app
+shared = shared_app_fixture(f"{APP}:runner")
 
 
 def sent(fake: FakeProvider, index: int) -> list[dict]:

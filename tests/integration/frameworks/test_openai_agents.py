@@ -9,7 +9,7 @@ told. What the tools did is counted on disk in a sandbox directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,8 +21,7 @@ from tests.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
 from tests.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
     SharedApp,
-    SharedProvider,
-    shared_app,
+    shared_app_fixture,
     module_provider,  # noqa: F401 - fixture
     module_sandbox,  # noqa: F401 - fixture
     check_a_parked_turn_replays_without_the_model_or_a_tool,
@@ -47,11 +46,7 @@ def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path
     return start_server(agent, *args, env=agent_env(sandbox, fake))
 
 
-@pytest.fixture
-def shared(shared_server: Callable[..., Server], module_provider: SharedProvider, module_sandbox: Path) -> Iterator[SharedApp]:
-    """The module's server of ``AGENT`` (for tests that each use sessions of their own)."""
-    with shared_app(shared_server, module_provider, module_sandbox, AGENT) as app:
-        yield app
+shared = shared_app_fixture(AGENT)
 
 
 def test_approve_runs_the_tool_once_and_the_model_sees_its_result(shared: SharedApp) -> None:

@@ -238,24 +238,51 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeo
     wait_until(healthy, timeout=timeout, interval=0.02, what=f"{url}/health")
 
 
-@contextmanager
-def server_factory(tmp_dir: Path) -> Iterator[Callable[..., Server]]:
-    """Yield ``start(agent, *args, env=None) -> Server``; stop every server on exit."""
-    servers: list[Server] = []
+class Starter:
+    """``start(agent, *args, env=None) -> Server``: launch ``motus serve start`` and wait until
+    it is healthy. Inside ``with start.together():`` a start only launches; the block's end
+    waits for all of them, so several instances boot at once instead of one after another
+    (their servers must not be used inside the block)."""
 
-    def start(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+    def __init__(self, tmp_dir: Path) -> None:
+        self._tmp_dir = tmp_dir
+        self.servers: list[Server] = []
+        self._pending: list[Server] | None = None  # launched inside ``together``, not yet waited for
+
+    def __call__(self, agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
         port = free_port()
-        log_path = tmp_dir / f"server-{len(servers)}.log"
+        log_path = self._tmp_dir / f"server-{len(self.servers)}.log"
         process = launch(["serve", "start", agent, "--port", str(port), *args], log_path, env)
         server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
-        servers.append(server)
-        wait_healthy(server.url, process, log_path)
+        self.servers.append(server)
+        if self._pending is None:
+            wait_healthy(server.url, process, log_path)
+        else:
+            self._pending.append(server)
         return server
 
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Launch the servers started in the block at once; wait for all of them at its end."""
+        if self._pending is not None:
+            raise RuntimeError("start.together() does not nest")
+        self._pending = pending = []
+        try:
+            yield
+        finally:
+            self._pending = None
+        for server in pending:
+            wait_healthy(server.url, server.process, server.log_path)
+
+
+@contextmanager
+def server_factory(tmp_dir: Path) -> Iterator[Starter]:
+    """Yield a :class:`Starter`; stop every server it started on exit."""
+    start = Starter(tmp_dir)
     try:
         yield start
     finally:
-        stop_all(servers)
+        stop_all(start.servers)
 
 
 def stop_all(servers: list[Server]) -> None:
@@ -279,8 +306,9 @@ def sandbox(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """Factory: ``start_server("tests.agents:echo", "--workers", "2", env={...})``."""
+def start_server(tmp_path: Path) -> Iterator[Starter]:
+    """Factory: ``start_server("tests.agents:echo", "--workers", "2", env={...})``; several
+    instances boot at once inside ``with start_server.together():``."""
     with server_factory(tmp_path) as start:
         yield start
 

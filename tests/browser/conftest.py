@@ -11,7 +11,8 @@
   requested anything outside the server's origin, threw a JavaScript error, or broke its
   Content-Security-Policy.
 - ``example_server`` / ``ui_server``: a real ``motus serve`` running the example agent's
-  offline fallback (in a sandbox under the test's folder), or ``tests.agents.ui:agent``.
+  offline fallback (in a sandbox under the test's folder), or ``tests.agents.ui:agent``;
+  ``shared_ui_server`` is that one for a whole module (tests in sessions of their own).
 
 Screenshots go to ``<tmp_path>/screens/NN-name.png``, the test's output folder.
 """
@@ -217,3 +218,10 @@ def example_server(start_server: Callable[..., Server], tmp_path: Path) -> Serve
 @pytest.fixture
 def ui_server(start_server: Callable[..., Server]) -> Server:
     return start_server(UI_AGENT)
+
+
+@pytest.fixture
+def shared_ui_server(shared_server: Callable[..., Server]) -> Server:
+    """``ui_server``, one for the module: for tests that each work in a session of their own
+    (a new tab's) and look at nothing server-wide (the session list)."""
+    return shared_server(UI_AGENT)

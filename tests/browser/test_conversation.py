@@ -10,8 +10,8 @@ from tests.agents.ui import SCRIPT_REPLY
 pytestmark = pytest.mark.browser
 
 
-def test_custom_interrupt_answered_with_json(open_chat, ui_server):
-    chat = open_chat(ui_server).open()
+def test_custom_interrupt_answered_with_json(open_chat, shared_ui_server):
+    chat = open_chat(shared_ui_server).open()
     chat.send("color")
     card = chat.card("The agent is waiting: color_picker")
     expect(card).to_be_visible()
@@ -42,8 +42,8 @@ def test_custom_interrupt_answered_with_json(open_chat, ui_server):
     chat.shot("custom-answered")
 
 
-def test_agent_text_is_shown_as_text_never_as_html(open_chat, ui_server):
-    chat = open_chat(ui_server).open()
+def test_agent_text_is_shown_as_text_never_as_html(open_chat, shared_ui_server):
+    chat = open_chat(shared_ui_server).open()
     chat.send("script <i>mine</i>")
     reply = chat.reply("<script>")
     expect(reply).to_have_text(SCRIPT_REPLY)
@@ -54,9 +54,9 @@ def test_agent_text_is_shown_as_text_never_as_html(open_chat, ui_server):
     chat.shot("script-as-text")
 
 
-def test_running_state_waits_on_the_event_stream(open_chat, ui_server, tmp_path):
+def test_running_state_waits_on_the_event_stream(open_chat, shared_ui_server, tmp_path):
     gate = tmp_path / "gate"
-    chat = open_chat(ui_server).open()
+    chat = open_chat(shared_ui_server).open()
     with chat.page.expect_request(lambda request: request.url.endswith("/events")):
         chat.send(f"gate {gate}")
     expect(chat.status()).to_have_text("The agent is working…")
@@ -86,9 +86,9 @@ def without_event_streams(chat) -> None:
     )
 
 
-def test_running_state_and_one_long_poll_without_event_streams(open_chat, ui_server, tmp_path):
+def test_running_state_and_one_long_poll_without_event_streams(open_chat, shared_ui_server, tmp_path):
     gate = tmp_path / "gate"
-    chat = open_chat(ui_server)
+    chat = open_chat(shared_ui_server)
     without_event_streams(chat)
     chat.open()
     with chat.page.expect_request(lambda request: "wait=true" in request.url):
@@ -112,8 +112,8 @@ def test_running_state_and_one_long_poll_without_event_streams(open_chat, ui_ser
     assert len([r for r in chat.requests if "/events" in r.url]) == 1
 
 
-def test_a_failed_turn_shows_its_error(open_chat, ui_server):
-    chat = open_chat(ui_server).open()
+def test_a_failed_turn_shows_its_error(open_chat, shared_ui_server):
+    chat = open_chat(shared_ui_server).open()
     chat.send("fail on purpose")
     error = chat.page.get_by_role("region", name="The turn failed")
     expect(error).to_be_visible()

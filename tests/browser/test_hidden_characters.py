@@ -17,8 +17,9 @@ RLO = "\u202e"
 
 
 @pytest.fixture
-def hidden_server(start_server):
-    return start_server(AGENT)
+def hidden_server(shared_server):
+    """One server for the module: each test works in a session of its own."""
+    return shared_server(AGENT)
 
 
 def test_an_approval_card_marks_a_right_to_left_override_in_the_path(open_chat, hidden_server):

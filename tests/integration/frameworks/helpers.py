@@ -1,16 +1,113 @@
-"""Helpers shared by the framework tests (real servers, the scripted loopback provider)."""
+"""Helpers shared by the framework tests (real servers, the scripted loopback provider).
+
+A framework server is dear to start (its SDK's import), so a module's independent tests share
+one (``shared_app``): one server, one scripted provider and one sandbox for the module, the
+provider's script and record and the sandbox emptied before each test and the test's sessions
+deleted after it. Tests run one at a time in a module, so nothing of one test reaches the
+provider or the sandbox during another.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from collections.abc import Callable
+import pytest
 
 from tests.conftest import Server, wait_until
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import agent_env, kill_server, lines, refused_start, resume_ok, store_url, wait_idle  # noqa: F401
 from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn  # noqa: F401
+
+
+class SharedProvider(FakeProvider):
+    """A scripted provider for a whole module, cleared before each test."""
+
+    def reset(self) -> None:
+        with self._lock:
+            self._script.clear()
+            self.requests.clear()
+            self.dropped = 0
+
+
+@pytest.fixture(scope="module")
+def module_provider() -> Iterator[SharedProvider]:
+    with SharedProvider() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def module_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sandbox")
+
+
+@dataclass
+class SharedApp:
+    """The module's server of ``agent`` (``shared_server``), its provider and its sandbox."""
+
+    start: Callable[..., Server]
+    fake: SharedProvider
+    sandbox: Path
+    agent: str
+    started: list[Server] = field(default_factory=list)
+
+    def server(self) -> Server:
+        """The module's server, once its fork server has imported the framework (a warm
+        process is ready): the first test's turn then waits no longer than the others'."""
+        server = self.start(self.agent, env=agent_env(self.sandbox, self.fake))
+        self.started.append(server)
+        wait_until(lambda: warm_processes(server) > 0, timeout=120, interval=0.05, what="a warm worker process")
+        return server
+
+    def delete_sessions(self) -> None:
+        """Delete every session on the servers this test used: a turn a failed test left
+        running is stopped before it can reach the next test's script or sandbox."""
+        for server in self.started:
+            for session in server.get("/sessions").json():
+                gone = server.delete(f"/sessions/{session['session_id']}")
+                assert gone.status_code in (204, 404), gone.text
+
+
+def warm_processes(server: Server) -> float:
+    """``motus_worker_processes_warm`` from the server's metrics."""
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith("motus_worker_processes_warm "):
+            return float(line.split()[1])
+    raise AssertionError("the metrics have no motus_worker_processes_warm")
+
+
+@contextmanager
+def shared_app(start: Callable[..., Server], fake: SharedProvider, sandbox: Path, agent: str) -> Iterator[SharedApp]:
+    """The module's app for one test: an empty script, record and sandbox; its sessions
+    deleted at the end."""
+    fake.reset()
+    for path in sandbox.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    app = SharedApp(start, fake, sandbox, agent)
+    try:
+        yield app
+    finally:
+        app.delete_sessions()
+
+
+def shared_app_fixture(agent: str) -> Callable[..., Iterator[SharedApp]]:
+    """A ``shared`` fixture for a module (``shared = shared_app_fixture(AGENT)``): its server
+    of ``agent``, for tests that each use sessions of their own. The module imports
+    ``module_provider`` and ``module_sandbox`` too."""
+
+    @pytest.fixture
+    def shared(shared_server: Callable[..., Server], module_provider: SharedProvider, module_sandbox: Path) -> Iterator[SharedApp]:
+        with shared_app(shared_server, module_provider, module_sandbox, agent) as app:
+            yield app
+
+    return shared
 
 
 def approval(body: dict) -> list[tuple[str, dict]]:

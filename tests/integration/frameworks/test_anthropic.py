@@ -20,6 +20,10 @@ from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixt
 from tests.support.fakes.providers import FakeProvider, anthropic_text, anthropic_tool_use  # noqa: E402
 from tests.integration.serve.durability.test_durability import assert_parked  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
+    SharedApp,
+    shared_app_fixture,
+    module_provider,  # noqa: F401 - fixture
+    module_sandbox,  # noqa: F401 - fixture
     agent_env,
     approval,
     interrupted,
@@ -40,6 +44,9 @@ def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path
     return start_server(f"{APP}:{name}", *args, env=agent_env(sandbox, fake))
 
 
+shared = shared_app_fixture(f"{APP}:runner")
+
+
 def sent(fake: FakeProvider, index: int) -> list[dict]:
     """The Messages API messages of model request ``index``."""
     request = fake.requests[index]
@@ -58,12 +65,10 @@ def tool_results_of(fake: FakeProvider, index: int) -> dict[str, tuple[str, bool
     return results
 
 
-def test_approve_runs_the_tool_once_and_the_model_sees_its_result(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_approve_runs_the_tool_once_and_the_model_sees_its_result(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(anthropic_tool_use(("toolu_1", "touch", {"path": "a.txt"}), text="I'll touch it."))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "touch a.txt")
     [(interrupt_id, payload)] = approval(interrupted(server, session_id))
     assert payload == {"type": "tool_approval", "tool_name": "touch", "tool_args": {"path": "a.txt"}}
@@ -96,12 +101,10 @@ def test_approve_runs_the_tool_once_and_the_model_sees_its_result(
     assert messages[3] == {"role": "assistant", "content": "Touched it."}
 
 
-def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(anthropic_tool_use(("toolu_1", "touch", {"path": "b.txt"})))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "touch b.txt")
     [(interrupt_id, _)] = approval(interrupted(server, session_id))
     fake.script(anthropic_text("Understood, I left it."))
@@ -113,16 +116,14 @@ def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(
     assert messages[2] == {"role": "tool", "content": "User rejected touch: not today", "tool_call_id": "toolu_1", "name": "touch"}
 
 
-def test_two_gates_in_one_step_an_ungated_tool_and_edited_arguments(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_two_gates_in_one_step_an_ungated_tool_and_edited_arguments(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(
         anthropic_tool_use(
             ("toolu_a", "touch", {"path": "a.txt"}), ("toolu_l", "lookup", {"topic": "owls"}), ("toolu_b", "touch", {"path": "b.txt"})
         )
     )
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "touch both")
     [(first, a), (second, b)] = approval(interrupted(server, session_id, count=2))
     assert a["tool_args"] == {"path": "a.txt"} and b["tool_args"] == {"path": "b.txt"}
@@ -162,12 +163,10 @@ def test_approval_by_name_on_the_runner_with_the_sync_client(
     assert "system" not in fake.requests[0].body and fake.requests[0].body["max_tokens"] == 1024
 
 
-def test_a_second_turn_carries_the_first_turns_history(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_a_second_turn_carries_the_first_turns_history(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(anthropic_tool_use(("toolu_1", "lookup", {"topic": "owls"})), anthropic_text("Owls are birds."))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "tell me about owls")
     assert wait_idle(server, session_id)["response"]["content"] == "Owls are birds."
 

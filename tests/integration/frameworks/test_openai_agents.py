@@ -20,6 +20,10 @@ from tests.conftest import Server  # noqa: E402
 from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls  # noqa: E402
 from tests.integration.frameworks.helpers import (  # noqa: E402
+    SharedApp,
+    shared_app_fixture,
+    module_provider,  # noqa: F401 - fixture
+    module_sandbox,  # noqa: F401 - fixture
     check_a_parked_turn_replays_without_the_model_or_a_tool,
     check_an_approval_survives_kill_9,
     agent_env,
@@ -42,12 +46,13 @@ def serve(start_server: Callable[..., Server], fake: FakeProvider, sandbox: Path
     return start_server(agent, *args, env=agent_env(sandbox, fake))
 
 
-def test_approve_runs_the_tool_once_and_the_model_sees_its_result(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+shared = shared_app_fixture(AGENT)
+
+
+def test_approve_runs_the_tool_once_and_the_model_sees_its_result(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(openai_tool_calls(("call_1", "touch", {"path": "a.txt"})))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "touch a.txt")
     [(interrupt_id, payload)] = approval(interrupted(server, session_id))
     assert payload == {"type": "tool_approval", "tool_name": "touch", "tool_args": {"path": "a.txt"}}
@@ -71,12 +76,10 @@ def test_approve_runs_the_tool_once_and_the_model_sees_its_result(
     assert messages[3] == {"role": "assistant", "content": "Touched it."}
 
 
-def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(openai_tool_calls(("call_1", "touch", {"path": "b.txt"})))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "touch b.txt")
     [(interrupt_id, _)] = approval(interrupted(server, session_id))
     fake.script(openai_text("Understood, I left it."))
@@ -87,12 +90,10 @@ def test_reject_never_runs_the_tool_and_the_model_sees_the_rejection(
     assert tool_results_of(fake, 1) == {"call_1": "User rejected touch: not today"}
 
 
-def test_two_gates_in_one_step_are_two_interrupts_at_once(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_two_gates_in_one_step_are_two_interrupts_at_once(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(openai_tool_calls(("call_a", "touch", {"path": "a.txt"}), ("call_b", "touch", {"path": "b.txt"})))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "touch both")
     body = interrupted(server, session_id, count=2)
     [(first, a), (second, b)] = approval(body)
@@ -108,12 +109,10 @@ def test_two_gates_in_one_step_are_two_interrupts_at_once(
     assert tool_results_of(fake, 1) == {"call_a": "Touched a.txt", "call_b": "User rejected touch"}
 
 
-def test_a_second_turn_carries_the_first_turns_history(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
-) -> None:
-    fake = fake_provider
+def test_a_second_turn_carries_the_first_turns_history(shared: SharedApp) -> None:
+    fake, sandbox = shared.fake, shared.sandbox
     fake.script(openai_tool_calls(("call_1", "lookup", {"topic": "owls"})), openai_text("Owls are birds."))
-    server = serve(start_server, fake, sandbox)
+    server = shared.server()
     session_id = start_turn(server, "tell me about owls")
     assert wait_idle(server, session_id)["response"]["content"] == "Owls are birds."
     assert ran(sandbox, "looked-owls") == 1

@@ -54,6 +54,18 @@ def store_args(tmp_path: Path, store: str) -> list[str]:
     return ["--store", "memory"] if store == "memory" else ["--store", store_url(tmp_path / "s.db")]
 
 
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for the stores of the module's shared servers."""
+    return tmp_path_factory.mktemp("shared-stores")
+
+
+def echo_answer_server(shared_server: Callable[..., Server], folder: Path, store: str) -> Server:
+    """The module's ``echo_answer`` server on ``store``: its tests each leave their session
+    idle, so the counters they wait on to settle are theirs alone."""
+    return shared_server(f"{ATTACKS}:echo_answer", "--workers", "1", *store_args(folder, store), "--shutdown-timeout", "2")
+
+
 def assert_counters_settle(server: Server, parked: int = 0, timeout: float = 10.0) -> None:
     """``/health`` comes back to no slot taken, no live turn and ``parked`` parked turns."""
 
@@ -89,8 +101,8 @@ def not_running_within(server: Server, session_id: str, timeout: float) -> dict:
         "sqlite",
     ],
 )
-def test_a_message_holding_half_a_surrogate_pair_is_accepted(start_server: Callable[..., Server], tmp_path: Path, store: str) -> None:
-    server = start_server(f"{ATTACKS}:echo_answer", "--workers", "1", *store_args(tmp_path, store), "--shutdown-timeout", "2")
+def test_a_message_holding_half_a_surrogate_pair_is_accepted(shared_server: Callable[..., Server], module_dir: Path, store: str) -> None:
+    server = echo_answer_server(shared_server, module_dir, store)
     sid = server.create_session()
     answer = server.post(f"/sessions/{sid}/messages", json={"content": HALF_EMOJI})
     assert answer.status_code == 202, answer.text
@@ -105,11 +117,11 @@ def test_a_message_holding_half_a_surrogate_pair_is_accepted(start_server: Calla
     ],
 )
 def test_a_resume_value_holding_half_a_surrogate_pair_does_not_wedge_the_session(
-    start_server: Callable[..., Server], tmp_path: Path, store: str
+    shared_server: Callable[..., Server], module_dir: Path, store: str
 ) -> None:
     """Nothing a client sends may leave a session stuck: the resume is answered 200, so the
     turn must end, as it does with the memory store."""
-    server = start_server(f"{ATTACKS}:echo_answer", "--workers", "1", *store_args(tmp_path, store), "--shutdown-timeout", "2")
+    server = echo_answer_server(shared_server, module_dir, store)
     sid = start_turn(server, "ask")
     [item] = interrupted(server, sid)["interrupts"]
     assert resume_ok(server, sid, item["interrupt_id"], HALF_EMOJI)["status"] == "running"

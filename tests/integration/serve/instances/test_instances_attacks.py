@@ -20,7 +20,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import Server, wait_until
+from tests.conftest import Server, Starter, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
@@ -41,7 +40,7 @@ LEASE = "2"
 NEVER = "600"
 
 
-def serve(start_server: Callable[..., Server], agent: str, url: str, *args: str, lease: str = LEASE, env: dict | None = None) -> Server:
+def serve(start_server: Starter, agent: str, url: str, *args: str, lease: str = LEASE, env: dict | None = None) -> Server:
     return start_server(agent, "--workers", "2", "--store", url, "--lease-seconds", lease, "--shutdown-timeout", "3", *args, env=env)
 
 
@@ -74,13 +73,14 @@ def wait_lapsed(url: str, instance: str, timeout: float = 20.0) -> None:
 
 
 def test_a_resume_of_the_last_interrupt_after_the_owner_died_takes_the_turn_over_and_answers_200(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """A is kill -9'd with an interrupted turn; its lease lapses; before any instance's
     periodic takeover runs, the resume reaches B: B takes the turn (``take=``) and replays
     it. The client must get 200 (the answer is committed and the turn runs)."""
-    a = serve(start_server, "tests.agents:approval", pg_url)
-    b = serve(start_server, "tests.agents:approval", pg_url, lease=NEVER)
+    with start_server.together():
+        a = serve(start_server, "tests.agents:approval", pg_url)
+        b = serve(start_server, "tests.agents:approval", pg_url, lease=NEVER)
     sid = start_turn(a, "keep-me")
     [item] = interrupted(b, sid)["interrupts"]
     owner = owner_of(pg_url, sid)
@@ -95,7 +95,7 @@ def test_a_resume_of_the_last_interrupt_after_the_owner_died_takes_the_turn_over
 
 
 def test_a_turn_taken_over_by_a_resume_is_replayed_from_the_whole_stored_journal(
-    start_server: Callable[..., Server], pg_url: str, tmp_path: Path
+    start_server: Starter, pg_url: str, tmp_path: Path
 ) -> None:
     """Journal records written after the last version change (a step that ran while the
     turn waited on a person) do not change the row's version. B's copy of the turn was read
@@ -104,8 +104,9 @@ def test_a_turn_taken_over_by_a_resume_is_replayed_from_the_whole_stored_journal
     run again."""
     sandbox = tmp_path / "sandbox"
     env = agent_env(sandbox)
-    a = serve(start_server, f"{HERE}:interrupts_and_a_step", pg_url, env=env)
-    b = serve(start_server, f"{HERE}:interrupts_and_a_step", pg_url, lease=NEVER, env=env)
+    with start_server.together():
+        a = serve(start_server, f"{HERE}:interrupts_and_a_step", pg_url, env=env)
+        b = serve(start_server, f"{HERE}:interrupts_and_a_step", pg_url, lease=NEVER, env=env)
     sid = start_turn(a, "go")
     first, second = interrupted(b, sid, count=2)["interrupts"]  # B's copy: two interrupts, no step yet
     (sandbox / "go").touch()  # now the step runs on A, while both interrupts wait
@@ -131,10 +132,11 @@ def step_done(url: str, session_id: str) -> bool:
 
 
 def test_a_session_deleted_elsewhere_can_be_created_again_with_its_id_on_any_instance(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
-    a = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
-    b = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
+    with start_server.together():
+        a = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
+        b = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
     sid = str(uuid.uuid4())
     assert a.put(f"/sessions/{sid}", json={}).status_code == 201
     assert b.delete(f"/sessions/{sid}").status_code == 204
@@ -145,9 +147,10 @@ def test_a_session_deleted_elsewhere_can_be_created_again_with_its_id_on_any_ins
     assert again.status_code == 201, again.text
 
 
-def test_sessions_deleted_elsewhere_do_not_count_against_max_sessions(start_server: Callable[..., Server], pg_url: str) -> None:
-    a = serve(start_server, "tests.agents:echo", pg_url, "--max-sessions", "2")
-    b = serve(start_server, "tests.agents:echo", pg_url, "--max-sessions", "2")
+def test_sessions_deleted_elsewhere_do_not_count_against_max_sessions(start_server: Starter, pg_url: str) -> None:
+    with start_server.together():
+        a = serve(start_server, "tests.agents:echo", pg_url, "--max-sessions", "2")
+        b = serve(start_server, "tests.agents:echo", pg_url, "--max-sessions", "2")
     sessions = [a.create_session() for _ in range(2)]
     for sid in sessions:
         assert b.delete(f"/sessions/{sid}").status_code == 204
@@ -160,12 +163,13 @@ def test_sessions_deleted_elsewhere_do_not_count_against_max_sessions(start_serv
 
 
 def test_a_session_deleted_and_created_again_elsewhere_is_not_served_from_the_old_copy(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """Delete, then create again with the same id, on B: the new row has version 1, as the
     old one had. A must serve the new session, not its copy of the old one."""
-    a = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
-    b = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
+    with start_server.together():
+        a = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
+        b = serve(start_server, "tests.agents:echo", pg_url, "--allow-custom-ids")
     sid = str(uuid.uuid4())
     old = [{"role": "user", "content": "the old session"}]
     new = [{"role": "user", "content": "the new session"}]
@@ -179,13 +183,14 @@ def test_a_session_deleted_and_created_again_elsewhere_is_not_served_from_the_ol
 
 
 def test_sessions_the_ttl_sweep_removed_on_another_instance_are_forgotten_everywhere(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """Every instance sweeps; one deletes each expired session, the others' deletes find the
     row gone (``StaleSession``). Those must forget it too, not keep it (and count it in
     ``total_sessions`` and against ``--max-sessions``) until someone happens to read it."""
-    a = serve(start_server, "tests.agents:echo", pg_url, "--ttl", "1")
-    b = serve(start_server, "tests.agents:echo", pg_url, "--ttl", "1")
+    with start_server.together():
+        a = serve(start_server, "tests.agents:echo", pg_url, "--ttl", "1")
+        b = serve(start_server, "tests.agents:echo", pg_url, "--ttl", "1")
     for _ in range(4):
         a.create_session()
     wait_until(lambda: sql(pg_url, "SELECT count(*) FROM motus_sessions") == [(0,)], timeout=20, what="the sweep")
@@ -200,9 +205,10 @@ ODD_IDS = ["nul", "inner-nul", "lone-surrogate", "reversed-pair", "emoji-and-sep
 
 
 @pytest.mark.parametrize("path", ["%00", "a%00b", "%ED%A0%80", "x" * 2000, "%F0%9F%98%80"], ids=["nul", "inner-nul", "encoded-surrogate", "long", "emoji"])
-def test_odd_session_ids_in_the_path_are_404_on_every_instance(start_server: Callable[..., Server], pg_url: str, path: str) -> None:
-    a = serve(start_server, "tests.agents:approval", pg_url)
-    b = serve(start_server, "tests.agents:approval", pg_url)
+def test_odd_session_ids_in_the_path_are_404_on_every_instance(start_server: Starter, pg_url: str, path: str) -> None:
+    with start_server.together():
+        a = serve(start_server, "tests.agents:approval", pg_url)
+        b = serve(start_server, "tests.agents:approval", pg_url)
     for server in (a, b):
         for method, route, body in [
             ("GET", "", None), ("DELETE", "", None), ("GET", "/messages", None), ("GET", "/events", None),
@@ -216,10 +222,11 @@ def test_odd_session_ids_in_the_path_are_404_on_every_instance(start_server: Cal
 
 @pytest.mark.parametrize("text", ODD, ids=ODD_IDS)
 def test_odd_strings_in_a_message_and_its_user_params_round_trip_on_every_instance(
-    start_server: Callable[..., Server], pg_url: str, text: str
+    start_server: Starter, pg_url: str, text: str
 ) -> None:
-    a = serve(start_server, "tests.agents:echo", pg_url)
-    b = serve(start_server, "tests.agents:echo", pg_url)
+    with start_server.together():
+        a = serve(start_server, "tests.agents:echo", pg_url)
+        b = serve(start_server, "tests.agents:echo", pg_url)
     sid = a.create_session()
     params = {"k": text, "nested": [text, {"k": text}]}  # odd keys: see the next test
     assert b.post(f"/sessions/{sid}/messages", json={"content": text, "user_params": params}).status_code == 202
@@ -232,13 +239,14 @@ def test_odd_strings_in_a_message_and_its_user_params_round_trip_on_every_instan
 
 @pytest.mark.parametrize("text", ["a\u0000b", "\ud800"], ids=["nul", "lone-surrogate"])
 def test_odd_strings_in_an_interrupt_payload_are_stored_and_shown_on_every_instance(
-    start_server: Callable[..., Server], pg_url: str, text: str
+    start_server: Starter, pg_url: str, text: str
 ) -> None:
     """The approval agent puts the message's content in its interrupt's payload
     (``tool_args.path``). The interrupt must be stored (or the turn fail at once), not leave
     the session ``running`` while its worker's message is retried for a minute."""
-    a = serve(start_server, "tests.agents:approval", pg_url, "--shutdown-timeout", "2")
-    b = serve(start_server, "tests.agents:approval", pg_url, "--shutdown-timeout", "2")
+    with start_server.together():
+        a = serve(start_server, "tests.agents:approval", pg_url, "--shutdown-timeout", "2")
+        b = serve(start_server, "tests.agents:approval", pg_url, "--shutdown-timeout", "2")
     sid = a.create_session()
     a.send(sid, text)
     body = wait_settled(b, sid, timeout=10)
@@ -253,7 +261,7 @@ def test_odd_strings_in_an_interrupt_payload_are_stored_and_shown_on_every_insta
 @pytest.mark.parametrize(
     "params", [{"\ud800": 1}, {"nested": {"\ud800": 1}}], ids=["top-level-key", "nested-key"]
 )
-def test_user_params_with_a_lone_surrogate_in_a_key_are_refused_at_the_door(start_server: Callable[..., Server], pg_url: str, params: dict) -> None:
+def test_user_params_with_a_lone_surrogate_in_a_key_are_refused_at_the_door(start_server: Starter, pg_url: str, params: dict) -> None:
     """Found by attacking (not PostgreSQL's: memory and SQLite alike): the worker dumps the
     new history as JSON, which cannot keep half a surrogate pair in a dict *key* (values are
     kept, escaped). A top-level key came back as three U+FFFD; a nested one killed the worker
@@ -273,14 +281,15 @@ def test_user_params_with_a_lone_surrogate_in_a_key_are_refused_at_the_door(star
 
 
 def test_a_delete_on_another_instance_stops_the_owner_s_worker_mid_model_call_and_nothing_comes_back(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+    start_server: Starter, fake_provider: FakeProvider, pg_url: str, tmp_path: Path
 ) -> None:
     fake = fake_provider
     sandbox = tmp_path / "sandbox"
     held = threading.Event()
     fake.script(Reply(openai_text("from a deleted session"), hold=held), openai_text("never asked for"))
     env = agent_env(sandbox, fake)
-    a, b, c = (serve(start_server, FILES, pg_url, env=env) for _ in range(3))
+    with start_server.together():
+        a, b, c = (serve(start_server, FILES, pg_url, env=env) for _ in range(3))
     sid = start_turn(a, "hello")
     wait_until(lambda: len(fake.requests) == 1, timeout=10, what="the model call")
     [worker] = [int(pid) for pid in lines(sandbox / "pids")]
@@ -297,8 +306,9 @@ def test_a_delete_on_another_instance_stops_the_owner_s_worker_mid_model_call_an
     assert len(fake.requests) == 1 and len(lines(sandbox / "pids")) == 1  # not replayed anywhere
 
 
-def test_resume_on_one_instance_and_delete_on_another_at_once(start_server: Callable[..., Server], pg_url: str) -> None:
-    a, b, c = (serve(start_server, "tests.agents:approval", pg_url) for _ in range(3))
+def test_resume_on_one_instance_and_delete_on_another_at_once(start_server: Starter, pg_url: str) -> None:
+    with start_server.together():
+        a, b, c = (serve(start_server, "tests.agents:approval", pg_url) for _ in range(3))
     sessions = [start_turn(a, f"file-{n}") for n in range(12)]
     pending = {sid: interrupted(c, sid)["interrupts"][0]["interrupt_id"] for sid in sessions}
     outcomes: dict[str, dict[str, int]] = {sid: {} for sid in sessions}
@@ -329,10 +339,11 @@ def test_resume_on_one_instance_and_delete_on_another_at_once(start_server: Call
 
 
 def test_an_interrupt_expiring_on_its_owner_while_another_instance_resumes_it_is_resolved_once(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
-    a = serve(start_server, "tests.agents.approval:expiring", pg_url, "--workers", "12")
-    b = serve(start_server, "tests.agents.approval:expiring", pg_url)
+    with start_server.together():
+        a = serve(start_server, "tests.agents.approval:expiring", pg_url, "--workers", "12")
+        b = serve(start_server, "tests.agents.approval:expiring", pg_url)
     sessions = [start_turn(a, "1.5") for _ in range(10)]
     items = {sid: interrupted(b, sid)["interrupts"][0] for sid in sessions}
     codes: dict[str, int] = {}
@@ -360,14 +371,15 @@ def test_an_interrupt_expiring_on_its_owner_while_another_instance_resumes_it_is
 
 @pytest.mark.parametrize("killed", [1, 2], ids=["one-of-three", "two-of-three"])
 def test_turns_of_killed_instances_are_each_replayed_exactly_once(
-    start_server: Callable[..., Server], pg_url: str, tmp_path: Path, killed: int
+    start_server: Starter, pg_url: str, tmp_path: Path, killed: int
 ) -> None:
     """Ten running turns on each instance to be killed, all waiting on a gate; kill -9; the
     survivors race to take them over. Each turn runs twice in all: its first run and one
     replay."""
     sandbox = tmp_path / "sandbox"
     env = agent_env(sandbox)
-    servers = [serve(start_server, f"{HERE}:gated_turn", pg_url, "--workers", "20", env=env) for _ in range(3)]
+    with start_server.together():
+        servers = [serve(start_server, f"{HERE}:gated_turn", pg_url, "--workers", "20", env=env) for _ in range(3)]
     doomed, survivors = servers[:killed], servers[killed:]
     names = {start_turn(server, f"t{index}-{n}"): f"t{index}-{n}" for index, server in enumerate(doomed) for n in range(10)}
     wait_until(lambda: all(len(lines(sandbox / f"runs-{name}")) == 1 for name in names.values()), timeout=20, what="every first run")
@@ -381,7 +393,7 @@ def test_turns_of_killed_instances_are_each_replayed_exactly_once(
 
 
 def test_the_paused_instance_does_not_go_on_with_a_turn_taken_over_while_it_was_stopped(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+    start_server: Starter, fake_provider: FakeProvider, pg_url: str, tmp_path: Path
 ) -> None:
     """Split brain: A is SIGSTOPped while the body of an approved gated tool runs in its
     worker (a process of its own, which goes on). A's lease lapses; B takes the turn over
@@ -394,8 +406,9 @@ def test_the_paused_instance_does_not_go_on_with_a_turn_taken_over_while_it_was_
     sandbox = tmp_path / "sandbox"
     env = agent_env(sandbox, fake)
     fake.script(openai_tool_calls(("call_h", "hold", {"name": "x"})))
-    a = serve(start_server, FILES, pg_url, env=env)
-    b = serve(start_server, FILES, pg_url, env=env)
+    with start_server.together():
+        a = serve(start_server, FILES, pg_url, env=env)
+        b = serve(start_server, FILES, pg_url, env=env)
     receiver = Receiver()
     try:
         sid = a.create_session()
@@ -451,13 +464,14 @@ def psutil_alive(pid: int) -> bool:
 
 
 def test_a_database_restart_with_resumes_on_every_instance_loses_nothing_acknowledged(
-    start_server: Callable[..., Server], tmp_path: Path
+    start_server: Starter, tmp_path: Path
 ) -> None:
     from tests.support.pg import Cluster
 
     with Cluster() as cluster:
         url = cluster.create_database()
-        a, b = (serve(start_server, "tests.agents:approval", url) for _ in range(2))
+        with start_server.together():
+            a, b = (serve(start_server, "tests.agents:approval", url) for _ in range(2))
         sessions = [start_turn(a if n % 2 else b, f"keep-{n}") for n in range(6)]
         pending = {sid: interrupted(a, sid)["interrupts"][0]["interrupt_id"] for sid in sessions}
         cluster.kill()
@@ -478,7 +492,7 @@ def test_a_database_restart_with_resumes_on_every_instance_loses_nothing_acknowl
 
 
 def test_after_a_database_outage_longer_than_the_lease_no_live_turn_changes_instance(
-    start_server: Callable[..., Server], tmp_path: Path
+    start_server: Starter, tmp_path: Path
 ) -> None:
     """No instance died: the database did, for longer than ``--lease-seconds``, so every
     lease lapsed. When it is back, the first instance to look for orphans must not take the
@@ -490,7 +504,8 @@ def test_after_a_database_outage_longer_than_the_lease_no_live_turn_changes_inst
     env = agent_env(sandbox)
     with Cluster() as cluster:
         url = cluster.create_database()
-        a, b = (serve(start_server, f"{HERE}:gated_turn", url, env=env) for _ in range(2))
+        with start_server.together():
+            a, b = (serve(start_server, f"{HERE}:gated_turn", url, env=env) for _ in range(2))
         names = {start_turn(server, f"{tag}{n}"): f"{tag}{n}" for server, tag in ((a, "a"), (b, "b")) for n in range(2)}
         wait_until(lambda: all(len(lines(sandbox / f"runs-{name}")) == 1 for name in names.values()), timeout=20, what="first runs")
         cluster.kill()
@@ -552,9 +567,10 @@ class Stream:
 
 
 def test_streams_on_every_instance_see_every_event_once_in_order_while_all_instances_write(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
-    servers = [serve(start_server, "tests.agents:echo", pg_url, "--workers", "4") for _ in range(3)]
+    with start_server.together():
+        servers = [serve(start_server, "tests.agents:echo", pg_url, "--workers", "4") for _ in range(3)]
     streams = [Stream(server, after=0) for server in servers]
     try:
         def work(server: Server, n: int) -> None:
@@ -584,15 +600,16 @@ def test_streams_on_every_instance_see_every_event_once_in_order_while_all_insta
 
 
 def test_reconnecting_to_another_instance_with_the_last_event_id_just_seen_is_neither_a_reset_nor_a_repeat(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """A client has seen event N (from B, or any instance that has it), then its connection
     moves to C (no sticky routing) and resumes with ``Last-Event-ID: N``. C's listener may
     not have pulled N yet: C answers ``reset`` ("event N was never issued by this server")
     and then sends again the events up to N the client already had. A race, made likely by
     keeping C's listener busy."""
-    b = serve(start_server, "tests.agents:echo", pg_url)
-    c = serve(start_server, "tests.agents:echo", pg_url)
+    with start_server.together():
+        b = serve(start_server, "tests.agents:echo", pg_url)
+        c = serve(start_server, "tests.agents:echo", pg_url)
     problems = []
     # Bursts of sessions created on B keep C's listener busy reading them in; the client
     # reconnects meanwhile.

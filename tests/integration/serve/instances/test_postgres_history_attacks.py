@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from tests.conftest import Server, wait_until
+from tests.conftest import Server, Starter, wait_until
 from tests.integration.serve.history.test_history_attacks import (
     PARKER,
     PRELOAD,
@@ -146,7 +146,7 @@ def big_filler(server: Server, count: int = 4) -> None:
 
 
 def test_an_instance_starting_while_turns_end_elsewhere_serves_each_history_as_it_ended(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """B starts while A works. ``load`` reads every message, then (another statement,
     another snapshot) every session row. A turn that ends on A, and a session A creates,
@@ -204,7 +204,7 @@ def ended(server: Server, sid: str) -> dict:
 
 
 def test_a_turn_on_a_copy_read_while_its_history_shrank_elsewhere_ends_and_stores_its_history(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """As above, A's turn shortens the history while B reads it at its start: B's copy has
     the row's version and the five messages of before; the rows are three. B's next turn
@@ -285,7 +285,7 @@ def long_history(tag: str, count: int = 300) -> list[Message]:
 
 
 def test_an_instance_frozen_past_its_lease_never_writes_its_turns_history_over_the_replay(
-    start_server: Callable[..., Server], pg_url: str, sandbox: Path
+    start_server: Starter, pg_url: str, sandbox: Path
 ) -> None:
     """A's turn (300 messages, edited in place, then appended to) is held in its agent; A is
     frozen (SIGSTOP) until its lease lapses and B takes the turn over and replays it to the
@@ -294,8 +294,9 @@ def test_an_instance_frozen_past_its_lease_never_writes_its_turns_history_over_t
     history must be the replay's, on every instance and in the rows; A's next turn then
     starts from it."""
     env = {"MOTUS_EXAMPLE_DIR": str(sandbox)}
-    a = serve(start_server, STAMPED, pg_url, env=env)
-    b = serve(start_server, STAMPED, pg_url, env=env)
+    with start_server.together():
+        a = serve(start_server, STAMPED, pg_url, env=env)
+        b = serve(start_server, STAMPED, pg_url, env=env)
     preload = long_history("s")
     sid = create(a, preload)
     a_id = instance_id(a, pg_url)
@@ -331,15 +332,16 @@ def test_an_instance_frozen_past_its_lease_never_writes_its_turns_history_over_t
 
 
 def test_kill_9_of_the_instance_running_turns_on_long_histories_each_is_replayed_once_elsewhere(
-    start_server: Callable[..., Server], pg_url: str, sandbox: Path
+    start_server: Starter, pg_url: str, sandbox: Path
 ) -> None:
     """Four turns on 300-message histories (edited in place, then appended to) are held in
     their agents on A; A is killed (-9). B and C take them over and replay them; every
     history, on B, on C, in the rows and after C restarts, is exactly its replay's list."""
     env = {"MOTUS_EXAMPLE_DIR": str(sandbox)}
-    a = serve(start_server, STAMPED, pg_url, "--workers", "4", env=env)
-    b = serve(start_server, STAMPED, pg_url, "--workers", "4", env=env)
-    c = serve(start_server, STAMPED, pg_url, "--workers", "4", env=env)
+    with start_server.together():
+        a = serve(start_server, STAMPED, pg_url, "--workers", "4", env=env)
+        b = serve(start_server, STAMPED, pg_url, "--workers", "4", env=env)
+        c = serve(start_server, STAMPED, pg_url, "--workers", "4", env=env)
     sessions = {create(a, long_history(f"s{n}")): n for n in range(4)}
     firsts = {}
     for sid, n in sessions.items():
@@ -367,15 +369,16 @@ def test_kill_9_of_the_instance_running_turns_on_long_histories_each_is_replayed
 
 
 def test_a_parked_turn_resumed_on_another_instance_is_replayed_from_the_rows(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """``--park-after 0``: the agent edits the last of 300 messages in place, appends, asks;
     its process ends. The resume lands on B while A (the owner) lives: A replays. Then
     again, A is killed (-9) while parked: the resume on B takes the turn over and B replays
     it from the rows. Each history is exactly the replay's list, everywhere."""
     args = ("--park-after", "0")
-    a = serve(start_server, PARKER, pg_url, *args)
-    b = serve(start_server, PARKER, pg_url, *args, lease=NEVER)
+    with start_server.together():
+        a = serve(start_server, PARKER, pg_url, *args)
+        b = serve(start_server, PARKER, pg_url, *args, lease=NEVER)
     preload = long_history("p")
     sid = create(a, preload)
 
@@ -407,15 +410,16 @@ def test_a_parked_turn_resumed_on_another_instance_is_replayed_from_the_rows(
 
 
 def test_a_session_deleted_on_b_while_its_turn_ends_on_a_and_made_again_shows_none_of_the_old_rows(
-    start_server: Callable[..., Server], pg_url: str, sandbox: Path
+    start_server: Starter, pg_url: str, sandbox: Path
 ) -> None:
     """A's turn is held in its agent; B deletes the session and makes it again (``PUT``)
     with another 50-message history; then A's agent returns ``[*old, message, reply]``. No
     old message may show, on A or B, in the rows, after A's next turn (which keeps all but
     the last message) or after both restart."""
     env = {"MOTUS_EXAMPLE_DIR": str(sandbox)}
-    a = serve(start_server, STAMPED, pg_url, "--allow-custom-ids", env=env)
-    b = serve(start_server, STAMPED, pg_url, "--allow-custom-ids", env=env)
+    with start_server.together():
+        a = serve(start_server, STAMPED, pg_url, "--allow-custom-ids", env=env)
+        b = serve(start_server, STAMPED, pg_url, "--allow-custom-ids", env=env)
     sid = str(uuid.uuid4())
     old = [user(f"old {i}") for i in range(50)]
     new = [user(f"new {i}") for i in range(50)]
@@ -464,13 +468,14 @@ HOSTILE_STEPS = [
 
 
 def test_hostile_histories_through_two_instances_are_stored_and_served_exactly(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """NUL, lone surrogates, values that change JSON type only (1 -> 1.0, True -> 1, 0.0 ->
     -0.0, 0 -> False), keys reordered, 10,000 messages then three, a message of 5 MB: each
     turn on the other instance than the last; every history read on both and in the rows."""
-    a = serve(start_server, TRICKY, pg_url)
-    b = serve(start_server, TRICKY, pg_url)
+    with start_server.together():
+        a = serve(start_server, TRICKY, pg_url)
+        b = serve(start_server, TRICKY, pg_url)
     big = {"role": "user", "content": "\u0000\ud800" + "x" * (5 * 1024 * 1024)}
     sid = create(a, [*PRELOAD, big])
     expected = [*PRELOAD, big]
@@ -549,7 +554,7 @@ def all_rows(pg_url: str) -> dict[str, list[tuple[int, Message]]]:
 
 
 def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_move_all_start_and_move_it_once(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """Ten thousand version 2 sessions. Three instances start together; the one moving the
     histories into rows (holding the schema lock) is killed (-9) while it does. The two
@@ -599,7 +604,7 @@ def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_
 
 
 def test_a_save_whose_rows_before_kept_are_missing_writes_the_history_whole(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     """The store's contract: a save finding fewer rows before ``kept`` than ``kept`` is
     ``StaleSession``, and "the caller reads the session again and writes it whole". Here a

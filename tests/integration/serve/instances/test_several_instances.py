@@ -13,13 +13,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import ROOT, Server, free_port, server_env, wait_until
+from tests.conftest import ROOT, Server, Starter, free_port, server_env, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle
@@ -29,15 +28,14 @@ from tests.support.pg import Cluster
 LEASE = "2"
 
 
-def instances(start_server: Callable[..., Server], agent: str, url: str, count: int = 3, env: dict | None = None) -> list[Server]:
-    return [
-        start_server(agent, "--workers", "2", "--store", url, "--lease-seconds", LEASE, env=env)
-        for _ in range(count)
-    ]
+def instances(start_server: Starter, agent: str, url: str, count: int = 3, env: dict | None = None) -> list[Server]:
+    """``count`` instances on ``url``, booted at once."""
+    with start_server.together():
+        return [start_server(agent, "--workers", "2", "--store", url, "--lease-seconds", LEASE, env=env) for _ in range(count)]
 
 
 def test_any_instance_takes_any_request_and_a_long_poll_wakes_on_a_change_made_elsewhere(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+    start_server: Starter, fake_provider: FakeProvider, pg_url: str, tmp_path: Path
 ) -> None:
     fake = fake_provider
     sandbox = tmp_path / "sandbox"
@@ -82,7 +80,7 @@ def test_any_instance_takes_any_request_and_a_long_poll_wakes_on_a_change_made_e
 
 
 def test_kill_9_of_the_instance_holding_an_interrupted_turn_then_a_resume_elsewhere_completes_it(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+    start_server: Starter, fake_provider: FakeProvider, pg_url: str, tmp_path: Path
 ) -> None:
     fake = fake_provider
     sandbox = tmp_path / "sandbox"
@@ -103,7 +101,7 @@ def test_kill_9_of_the_instance_holding_an_interrupted_turn_then_a_resume_elsewh
 
 
 def test_kill_9_mid_model_call_another_instance_takes_the_turn_over_and_finishes_it_once(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+    start_server: Starter, fake_provider: FakeProvider, pg_url: str, tmp_path: Path
 ) -> None:
     fake = fake_provider
     sandbox = tmp_path / "sandbox"
@@ -123,7 +121,7 @@ def test_kill_9_mid_model_call_another_instance_takes_the_turn_over_and_finishes
 
 
 def test_two_resumes_of_one_interrupt_racing_on_two_instances_one_200_one_404(
-    start_server: Callable[..., Server], pg_url: str
+    start_server: Starter, pg_url: str
 ) -> None:
     a, b = instances(start_server, "tests.agents:approval", pg_url, count=2)
     sessions = [start_turn(a if n % 2 else b, f"file-{n}") for n in range(50)]
@@ -166,7 +164,7 @@ def test_an_unreachable_database_at_start_is_one_line_and_exit_2() -> None:
 
 
 def test_the_database_going_away_is_503_loses_nothing_and_the_instance_recovers(
-    start_server: Callable[..., Server], tmp_path: Path
+    start_server: Starter, tmp_path: Path
 ) -> None:
     with Cluster() as cluster:
         url = cluster.create_database()
@@ -188,7 +186,7 @@ def test_the_database_going_away_is_503_loses_nothing_and_the_instance_recovers(
         a.stop()
 
 
-def test_agents_do_not_see_the_database_url(start_server: Callable[..., Server], pg_url: str) -> None:
+def test_agents_do_not_see_the_database_url(start_server: Starter, pg_url: str) -> None:
     """Whoever can write to the database can answer interrupts: a URL given in MOTUS_STORE
     (with its password) is kept from the agents' processes, as the API keys are."""
     server = start_server("tests.agents:environment", "--workers", "1", env={"MOTUS_STORE": pg_url})
@@ -198,15 +196,16 @@ def test_agents_do_not_see_the_database_url(start_server: Callable[..., Server],
 
 
 def test_a_resume_for_a_turn_whose_instance_died_replays_it_where_it_landed_without_waiting_for_the_lease(
-    start_server: Callable[..., Server], fake_provider: FakeProvider, pg_url: str, tmp_path: Path
+    start_server: Starter, fake_provider: FakeProvider, pg_url: str, tmp_path: Path
 ) -> None:
     """With a lease of 120 s, only noticing that the dead instance has no connection to the
     database left can let the turn finish within the wait below: the resume takes it over."""
     fake = fake_provider
     sandbox = tmp_path / "sandbox"
     fake.script(openai_tool_calls(("call_1", "touch", {"path": "now.txt"})), openai_text("Done at once."))
-    a, b = (start_server(FILES, "--workers", "1", "--store", pg_url, "--lease-seconds", "120", env=agent_env(sandbox, fake))
-            for _ in range(2))
+    with start_server.together():
+        a, b = (start_server(FILES, "--workers", "1", "--store", pg_url, "--lease-seconds", "120", env=agent_env(sandbox, fake))
+                for _ in range(2))
     sid = start_turn(a, "touch now")
     [item] = interrupted(a, sid)["interrupts"]
     kill_server(a)

@@ -22,12 +22,13 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import requests
 
-from tests.conftest import Server, Starter, wait_until
+from tests.conftest import _SHARED_SERVERS, Server, Starter, server_factory, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
@@ -200,15 +201,39 @@ def test_sessions_the_ttl_sweep_removed_on_another_instance_are_forgotten_everyw
 
 # -- 3. hostile input through the PostgreSQL path ---------------------------------------------
 
+@pytest.fixture(scope="module")
+def pair(pg_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[Server, Server]]]:
+    """``pair(agent, *args)``: two instances on one database of their own, for the whole
+    module, one pair per agent and arguments. For the hostile-input tests below: each works
+    on sessions of its own and reads nothing server-wide, so they need not pay for two
+    starts each (they were 21 tests and 40 starts)."""
+    made: dict[tuple[str, tuple[str, ...]], tuple[Server, Server]] = {}
+    with server_factory(tmp_path_factory.mktemp("pairs")) as start:
+
+        def get(agent: str, *args: str) -> tuple[Server, Server]:
+            key = (agent, args)
+            if key not in made:
+                url = pg_cluster.create_database()
+                with start.together():
+                    made[key] = (serve(start, agent, url, *args), serve(start, agent, url, *args))
+                _SHARED_SERVERS.update(server.process.pid for server in made[key])
+            for server in made[key]:
+                assert server.process.poll() is None, f"a shared instance exited:\n{server.log()}"
+            return made[key]
+
+        try:
+            yield get
+        finally:
+            _SHARED_SERVERS.difference_update(server.process.pid for both in made.values() for server in both)
+
+
 ODD = ["\u0000", "a\u0000b", "\ud800", "x\udfff\ud800y", "\U0001F600\u2028", "'; DROP TABLE motus_sessions; --", "é" * 100_000]
 ODD_IDS = ["nul", "inner-nul", "lone-surrogate", "reversed-pair", "emoji-and-separator", "sql", "long"]
 
 
 @pytest.mark.parametrize("path", ["%00", "a%00b", "%ED%A0%80", "x" * 2000, "%F0%9F%98%80"], ids=["nul", "inner-nul", "encoded-surrogate", "long", "emoji"])
-def test_odd_session_ids_in_the_path_are_404_on_every_instance(start_server: Starter, pg_url: str, path: str) -> None:
-    with start_server.together():
-        a = serve(start_server, "tests.agents:approval", pg_url)
-        b = serve(start_server, "tests.agents:approval", pg_url)
+def test_odd_session_ids_in_the_path_are_404_on_every_instance(pair: Callable[..., tuple[Server, Server]], path: str) -> None:
+    a, b = pair("tests.agents:approval")
     for server in (a, b):
         for method, route, body in [
             ("GET", "", None), ("DELETE", "", None), ("GET", "/messages", None), ("GET", "/events", None),
@@ -222,11 +247,9 @@ def test_odd_session_ids_in_the_path_are_404_on_every_instance(start_server: Sta
 
 @pytest.mark.parametrize("text", ODD, ids=ODD_IDS)
 def test_odd_strings_in_a_message_and_its_user_params_round_trip_on_every_instance(
-    start_server: Starter, pg_url: str, text: str
+    pair: Callable[..., tuple[Server, Server]], text: str
 ) -> None:
-    with start_server.together():
-        a = serve(start_server, "tests.agents:echo", pg_url)
-        b = serve(start_server, "tests.agents:echo", pg_url)
+    a, b = pair("tests.agents:echo")
     sid = a.create_session()
     params = {"k": text, "nested": [text, {"k": text}]}  # odd keys: see the next test
     assert b.post(f"/sessions/{sid}/messages", json={"content": text, "user_params": params}).status_code == 202
@@ -239,14 +262,12 @@ def test_odd_strings_in_a_message_and_its_user_params_round_trip_on_every_instan
 
 @pytest.mark.parametrize("text", ["a\u0000b", "\ud800"], ids=["nul", "lone-surrogate"])
 def test_odd_strings_in_an_interrupt_payload_are_stored_and_shown_on_every_instance(
-    start_server: Starter, pg_url: str, text: str
+    pair: Callable[..., tuple[Server, Server]], text: str
 ) -> None:
     """The approval agent puts the message's content in its interrupt's payload
     (``tool_args.path``). The interrupt must be stored (or the turn fail at once), not leave
     the session ``running`` while its worker's message is retried for a minute."""
-    with start_server.together():
-        a = serve(start_server, "tests.agents:approval", pg_url, "--shutdown-timeout", "2")
-        b = serve(start_server, "tests.agents:approval", pg_url, "--shutdown-timeout", "2")
+    a, b = pair("tests.agents:approval", "--shutdown-timeout", "2")
     sid = a.create_session()
     a.send(sid, text)
     body = wait_settled(b, sid, timeout=10)
@@ -261,13 +282,13 @@ def test_odd_strings_in_an_interrupt_payload_are_stored_and_shown_on_every_insta
 @pytest.mark.parametrize(
     "params", [{"\ud800": 1}, {"nested": {"\ud800": 1}}], ids=["top-level-key", "nested-key"]
 )
-def test_user_params_with_a_lone_surrogate_in_a_key_are_refused_at_the_door(start_server: Starter, pg_url: str, params: dict) -> None:
+def test_user_params_with_a_lone_surrogate_in_a_key_are_refused_at_the_door(pair: Callable[..., tuple[Server, Server]], params: dict) -> None:
     """Found by attacking (not PostgreSQL's: memory and SQLite alike): the worker dumps the
     new history as JSON, which cannot keep half a surrogate pair in a dict *key* (values are
     kept, escaped). A top-level key came back as three U+FFFD; a nested one killed the worker
     ("Worker process exited unexpectedly"). Such a key is now a 422 naming it, and nothing
     changes; a lone surrogate in a value still round-trips."""
-    a = serve(start_server, "tests.agents:echo", pg_url)
+    a, _ = pair("tests.agents:echo")
     sid = a.create_session()
     refused = a.post(f"/sessions/{sid}/messages", json={"content": "hi", "user_params": params})
     assert refused.status_code == 422 and "lone surrogate" in refused.json()["detail"], refused.text

@@ -50,12 +50,27 @@ def _cpu_with_children(pid: int) -> float:
     return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
 
 
+def _job_bytes(tree: Path, history: int) -> bytes:
+    """The echo job as ``tree``'s own classes pickle it. A Job pickled here would name this
+    tree's module (``motus.durable.records`` since the records moved there), which a worker of
+    an older tree would load from somewhere else: a Job, but not its own."""
+    import subprocess
+
+    code = (
+        "import pickle, sys\n"
+        "from motus.serve.protocol import Job\n"
+        "pair = [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hi'}]\n"
+        f"job = Job(session_id='ab', turn_id=1, message={{'role': 'user', 'content': 'hi'}}, state=pair * {history})\n"
+        "sys.stdout.buffer.write(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, check=True).stdout
+
+
 def bench_process(trees: list[Path], turns: int, history: int) -> None:
-    from motus.serve.protocol import Job, Result
+    from motus.serve.protocol import Result
     from motus.serve.zygote import Zygote
 
-    pair = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}]
-    job = Job(session_id="ab", turn_id=1, message={"role": "user", "content": "hi"}, state=pair * history)
     base = list(sys.path)
     runs: list[dict[str, Any]] = []
     try:
@@ -63,10 +78,11 @@ def bench_process(trees: list[Path], turns: int, history: int) -> None:
             # The zygote takes this process's sys.path: the tree's own motus comes first.
             sys.path[:] = [str(tree), *(p for p in base if Path(p or ".").resolve() != ROOT)]
             zygote = Zygote(AGENT, None)
-            run: dict[str, Any] = {"tree": tree, "zygote": zygote, "warm": [], "latency": [], "cpu": 0.0}
+            job = _job_bytes(tree, history)
+            run: dict[str, Any] = {"tree": tree, "zygote": zygote, "warm": [], "latency": [], "cpu": 0.0, "job": job}
             runs.append(run)
             child, conn = zygote.start_child()
-            conn.send(job)
+            conn.send_bytes(job)
             conn.recv()
             conn.close()
             child.join(5)
@@ -79,7 +95,7 @@ def bench_process(trees: list[Path], turns: int, history: int) -> None:
                 before = _cpu_with_children(zygote.pid)
                 child, conn = run["warm"].pop(0)
                 started = time.perf_counter()
-                conn.send(job)
+                conn.send_bytes(run["job"])
                 result = conn.recv()
                 run["latency"].append(time.perf_counter() - started)
                 assert isinstance(result, Result), result

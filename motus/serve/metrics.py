@@ -39,7 +39,7 @@ RESOLUTIONS = ("resume", "timeout")
 #: shutting down), error (an unexpected exception in the sender).
 WEBHOOK_OUTCOMES = ("delivered", "failed", "dropped", "error")
 #: Store methods timed by ``motus_store_operation_seconds{operation}``.
-STORE_OPERATIONS = ("save", "save_entries", "delete", "events_after", "event_bounds", "audit", "prune_events")
+STORE_OPERATIONS = ("save", "save_entries", "delete", "events_after", "event_bounds", "audit")
 #: HTTP methods counted by name; any other is counted as ``other``.
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
 
@@ -184,14 +184,13 @@ class ServerMetrics(Hooks):
     # -- the store -------------------------------------------------------------------------
 
     def instrument_store(self, store: Any) -> None:
-        """Time ``store``'s operations (its bound methods are wrapped on the instance, so
-        the store's own code is unchanged). Idempotent."""
+        """Time ``store``'s operations, every one of them a method of the ``Store`` interface
+        (its bound methods are wrapped on the instance, so the store's own code is unchanged).
+        Idempotent."""
         if getattr(store, "_motus_timed", False):
             return
         for name in STORE_OPERATIONS:
-            method = getattr(store, name, None)
-            if callable(method):
-                setattr(store, name, _timed(method, self.store_latency.labels(name), self.store_errors.labels(name)))
+            setattr(store, name, _timed(getattr(store, name), self.store_latency.labels(name), self.store_errors.labels(name)))
         try:
             store._motus_timed = True
         except AttributeError:

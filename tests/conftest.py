@@ -238,14 +238,20 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeo
     wait_until(healthy, timeout=timeout, interval=0.02, what=f"{url}/health")
 
 
+#: Process ids of servers that outlive a test by design (started by a ``shared`` factory,
+#: such as ``shared_server``'s): ``no_leaks`` does not count them.
+_SHARED_SERVERS: set[int] = set()
+
+
 class Starter:
     """``start(agent, *args, env=None) -> Server``: launch ``motus serve start`` and wait until
     it is healthy. Inside ``with start.together():`` a start only launches; the block's end
     waits for all of them, so several instances boot at once instead of one after another
     (their servers must not be used inside the block)."""
 
-    def __init__(self, tmp_dir: Path) -> None:
+    def __init__(self, tmp_dir: Path, shared: bool = False) -> None:
         self._tmp_dir = tmp_dir
+        self._shared = shared  # its servers outlive the tests that use them: not leaks
         self.servers: list[Server] = []
         self._pending: list[Server] | None = None  # launched inside ``together``, not yet waited for
 
@@ -255,6 +261,8 @@ class Starter:
         process = launch(["serve", "start", agent, "--port", str(port), *args], log_path, env)
         server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
         self.servers.append(server)
+        if self._shared:
+            _SHARED_SERVERS.add(process.pid)
         if self._pending is None:
             wait_healthy(server.url, process, log_path)
         else:
@@ -276,12 +284,14 @@ class Starter:
 
 
 @contextmanager
-def server_factory(tmp_dir: Path) -> Iterator[Starter]:
-    """Yield a :class:`Starter`; stop every server it started on exit."""
-    start = Starter(tmp_dir)
+def server_factory(tmp_dir: Path, shared: bool = False) -> Iterator[Starter]:
+    """Yield a :class:`Starter`; stop every server it started on exit. ``shared``: for a
+    module-scoped fixture, whose servers outlive the tests and are no leak of theirs."""
+    start = Starter(tmp_dir, shared)
     try:
         yield start
     finally:
+        _SHARED_SERVERS.difference_update(server.process.pid for server in start.servers)
         stop_all(start.servers)
 
 
@@ -313,10 +323,6 @@ def start_server(tmp_path: Path) -> Iterator[Starter]:
         yield start
 
 
-#: Process ids of servers that outlive a test by design (``shared_server``): not leaks.
-_SHARED_SERVERS: set[int] = set()
-
-
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
     """Factory like ``start_server``, but one server per (agent, arguments, environment) for the
@@ -329,22 +335,18 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     that needs any of that starts its own server with ``start_server``.
     """
     servers: dict[tuple[object, ...], Server] = {}
-    with server_factory(tmp_path_factory.mktemp("shared")) as start:
+    with server_factory(tmp_path_factory.mktemp("shared"), shared=True) as start:
 
         def get(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
             key = (agent, args, tuple(sorted((env or {}).items())))
             server = servers.get(key)
             if server is None:
                 server = servers[key] = start(agent, *args, env=env)
-                _SHARED_SERVERS.add(server.process.pid)
             elif server.process.poll() is not None:
                 raise AssertionError(f"a shared server exited with {server.process.returncode}:\n{server.log()}")
             return server
 
-        try:
-            yield get
-        finally:
-            _SHARED_SERVERS.difference_update(server.process.pid for server in servers.values())
+        yield get
 
 
 def _children() -> set[int]:

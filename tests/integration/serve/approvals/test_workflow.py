@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import _SHARED_SERVERS, Instances, Server, server_factory, wait_until
+from tests.conftest import Instances, Server, server_factory, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.approvals.test_hitl import WebhookSink
@@ -60,30 +60,21 @@ def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     one per (agent, arguments, environment) for the whole module, as ``shared_server`` is:
     for tests that work on their own sessions and assert nothing about the server as a whole."""
     servers: dict[tuple[object, ...], Server] = {}
-    with server_factory(tmp_path_factory.mktemp("shared")) as start:
-
-        def launch(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
-            server = start(agent, *args, env=env)
-            _SHARED_SERVERS.add(server.process.pid)
-            return server
+    with server_factory(tmp_path_factory.mktemp("shared"), shared=True) as start:
 
         def get(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
             key = (agent, args, tuple(sorted((env or {}).items())))
             if key not in servers:
                 if request.param == "one-server":
-                    servers[key] = launch(agent, *args, env=env)
+                    servers[key] = start(agent, *args, env=env)
                 else:
                     url = request.getfixturevalue("pg_cluster").create_database()
-                    servers[key] = Instances.of(*(launch(agent, *args, "--store", url, env=env) for _ in range(2)))
+                    servers[key] = Instances.of(*(start(agent, *args, "--store", url, env=env) for _ in range(2)))
             for server in (servers[key], *getattr(servers[key], "others", [])):
                 assert server.process.poll() is None, f"a shared server exited:\n{server.log()}"
             return servers[key]
 
-        try:
-            yield get
-        finally:
-            _SHARED_SERVERS.difference_update(s.process.pid for s in servers.values())
-            _SHARED_SERVERS.difference_update(o.process.pid for s in servers.values() for o in getattr(s, "others", []))
+        yield get
 
 
 @pytest.fixture(scope="module")

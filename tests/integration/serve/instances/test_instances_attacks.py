@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import _SHARED_SERVERS, Server, Starter, server_factory, wait_until
+from tests.conftest import Server, Starter, server_factory, wait_until
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
@@ -208,7 +208,7 @@ def pair(pg_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     on sessions of its own and reads nothing server-wide, so they need not pay for two
     starts each (they were 21 tests and 40 starts)."""
     made: dict[tuple[str, tuple[str, ...]], tuple[Server, Server]] = {}
-    with server_factory(tmp_path_factory.mktemp("pairs")) as start:
+    with server_factory(tmp_path_factory.mktemp("pairs"), shared=True) as start:
 
         def get(agent: str, *args: str) -> tuple[Server, Server]:
             key = (agent, args)
@@ -216,15 +216,11 @@ def pair(pg_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 url = pg_cluster.create_database()
                 with start.together():
                     made[key] = (serve(start, agent, url, *args), serve(start, agent, url, *args))
-                _SHARED_SERVERS.update(server.process.pid for server in made[key])
             for server in made[key]:
                 assert server.process.poll() is None, f"a shared instance exited:\n{server.log()}"
             return made[key]
 
-        try:
-            yield get
-        finally:
-            _SHARED_SERVERS.difference_update(server.process.pid for both in made.values() for server in both)
+        yield get
 
 
 ODD = ["\u0000", "a\u0000b", "\ud800", "x\udfff\ud800y", "\U0001F600\u2028", "'; DROP TABLE motus_sessions; --", "é" * 100_000]

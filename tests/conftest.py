@@ -46,6 +46,20 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile motus, the examples and the test agents to bytecode once, before any server
+    starts. The suite starts ~430 servers, each of three processes importing motus; with
+    ``PYTHONDONTWRITEBYTECODE`` set (as on some machines) or an editable install nobody has
+    imported yet, each would compile the same sources again (~0.15 s of CPU a start).
+    Only the controlling process does it (xdist's workers carry ``workerinput``)."""
+    if hasattr(config, "workerinput"):
+        return
+    import compileall
+
+    for folder in ("motus", "examples", "tests"):
+        compileall.compile_dir(ROOT / folder, quiet=1)
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> object:
     """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (then fail)."""
     deadline = time.monotonic() + timeout

@@ -55,7 +55,9 @@ _REASONS = {
     405: "Custom session IDs are not enabled (start with --allow-custom-ids)",
     409: "The session is running or interrupted, or the id exists",
     413: "Request body larger than --max-request-bytes",
+    414: "Request line (method, path and query) longer than the server reads",
     415: "A body that is not declared Content-Type: application/json",
+    431: "Request header fields too large, or too many of them",
     422: "The body is missing, is not JSON, is not an object, or does not match the schema; the detail names the problem",
     503: "Session limit reached, every event stream slot taken (--max-streams), or the server is shutting down",
 }
@@ -87,11 +89,12 @@ def _operation(
     if headers:
         success["headers"] = headers
     responses: dict[str, Any] = {str(status): success}
-    # Every operation refuses a foreign Host (400) and a cross-site Origin (403); one with a
-    # body also refuses a body that is not declared JSON (415) and one that is missing, not
-    # JSON, not an object or not of the schema (422).
+    # Every operation refuses a foreign Host (400), a cross-site Origin (403), and a request
+    # line or head too large to read (414, 431: answered before any route is chosen); one
+    # with a body also refuses a body that is not declared JSON (415) and one that is
+    # missing, not JSON, not an object or not of the schema (422).
     with_body = {415, 422} if body is not None else set()
-    codes = sorted(set(errors) | {400, 403} | with_body | ({401} if auth else set()))
+    codes = sorted(set(errors) | {400, 403, 414, 431} | with_body | ({401} if auth else set()))
     for code in codes:
         responses[str(code)] = {"description": _REASONS[code], "content": _json_content(_ref("ErrorResponse"))}
     if auth:

@@ -5,7 +5,10 @@ descriptor that is readable once the process has exited), ``is_alive()``, ``join
 ``kill_group()`` and ``close()``, and the server's end of the job pipe.
 
 - ``motus.serve.zygote`` (Linux): the default. A start costs a fraction of what
-  ``multiprocessing`` costs (see ``bench/README.md``).
+  ``multiprocessing`` costs (see ``bench/README.md``). Under gunicorn the zygote is forked
+  from the serving process before it starts any thread (``fork_zygote_early``), with the
+  agent already imported; elsewhere, or with ``MOTUS_WORKER_START=fresh-zygote``, it is a
+  fresh interpreter that imports the agent itself.
 - ``multiprocessing``'s forkserver (spawn where there is no forkserver): where there are no
   pidfds, for an agent object defined in the main script (its workers must run that script
   first, as ``multiprocessing`` does), or when ``MOTUS_WORKER_START=multiprocessing``.
@@ -27,8 +30,18 @@ from motus.serve import zygote
 from motus.serve.agents import agent_module, needs_main
 from motus.serve.worker import worker_main
 
-#: Set to ``multiprocessing`` to start workers with ``multiprocessing`` even where the zygote runs.
+#: ``multiprocessing``: start workers with ``multiprocessing`` even where the zygote runs;
+#: ``fresh-zygote``: a zygote that is a fresh interpreter and imports the agent itself (for an
+#: agent whose import must not be inherited from the serving process).
 START_ENV_VAR = "MOTUS_WORKER_START"
+START_CHOICES = ("zygote", "fresh-zygote", "multiprocessing")
+
+
+def fork_zygote_early() -> None:
+    """In the serving process, before it starts a thread: fork the zygote now (see
+    ``zygote.fork_early``) unless workers are to come from elsewhere."""
+    if os.environ.get(START_ENV_VAR, "") in ("", "zygote"):
+        zygote.fork_early()
 
 WORKER_PROCESS_NAME = "motus-worker"
 #: Workers of an agent defined in the main script: they run that script first (see below).
@@ -92,6 +105,7 @@ class MultiprocessingLauncher:
         self._agent_blob = None if agent_path else agent_blob
         self._process_name = WORKER_WITH_MAIN_NAME if main_script else WORKER_PROCESS_NAME
         self._ctx = _context(agent_module(agent_path) if agent_path else None)
+        zygote.discard_early()  # forked in case the zygote would serve: it will not
 
     def start(self) -> tuple[WorkerProcess, Connection]:
         parent, child = self._ctx.Pipe(duplex=True)

@@ -187,7 +187,7 @@ class Zygote:
     def __init__(self, agent_path: str | None, agent_blob: bytes | None) -> None:
         self._config: dict[str, Any] = {"agent_path": agent_path, "agent_blob": agent_blob}
         self._lock = threading.Lock()  # guards _proc, _ctl, _closed (not the socket's traffic)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | _Forked | None = None
         self._ctl: socket.socket | None = None
         self._closed = False
 
@@ -254,8 +254,34 @@ class Zygote:
             if self._ctl is not None and self._proc is not None and self._proc.poll() is None:
                 return self._ctl, self._proc, False
         self._discard()
-        ctl, proc = self._launch()
+        adopted = self._adopt_early()
+        ctl, proc = adopted if adopted is not None else self._launch()
         return ctl, proc, True
+
+    def _adopt_early(self) -> tuple[socket.socket, Any] | None:
+        """The zygote ``fork_early`` made in this process, given our config and ready; None
+        if there is none (or it cannot take the config, or it died): then a fresh one is
+        launched, as after any zygote's death."""
+        early = _take_early()
+        if early is None:
+            return None
+        ctl, proc = early
+        config = pickle.dumps(self._config, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._proc, self._ctl = proc, ctl
+            closed = self._closed
+        if closed:
+            self._discard()
+            raise ZygoteError("the pool is closing")
+        if len(config) > _EARLY_CONFIG_LIMIT:
+            self._discard()  # an agent object too large for one message: a fresh zygote unpickles it
+            return None
+        try:
+            ctl.sendall(config)
+        except OSError:
+            self._discard()  # it died before it was used: a fresh one takes its place
+            return None
+        return ctl, self._await_ready(ctl, proc)
 
     def _launch(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -283,16 +309,24 @@ class Zygote:
             assert proc.stdin is not None
             proc.stdin.write(pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL))
             proc.stdin.close()
-            ours.settimeout(READY_TIMEOUT_SECONDS)
-            ready = ours.recv(64)
+        except (OSError, ValueError) as exc:
+            self._discard()
+            raise ZygoteError(f"the worker zygote did not start ({type(exc).__name__}: {exc})") from None
+        return ours, self._await_ready(ours, proc)
+
+    def _await_ready(self, ctl: socket.socket, proc: Any) -> Any:
+        """Wait for the zygote's ``ready`` (it has loaded the agent and rehearsed)."""
+        try:
+            ctl.settimeout(READY_TIMEOUT_SECONDS)
+            ready = ctl.recv(64)
         except (OSError, ValueError) as exc:
             self._discard()
             raise ZygoteError(f"the worker zygote did not start ({type(exc).__name__}: {exc})") from None
         if ready != b"ready":
             self._discard()
-            code = proc.returncode
+            code = proc.poll()
             raise ZygoteError(f"the worker zygote exited during start-up (exit code {code})")
-        return ours, proc
+        return proc
 
     def _discard(self, timeout: float = 1.0) -> None:
         """Forget the zygote: close our end (it sees EOF and exits) and reap it."""
@@ -319,11 +353,21 @@ class Zygote:
 
 
 def main(config: dict[str, Any]) -> None:
-    """The zygote's entry point (see ``_BOOTSTRAP``)."""
+    """The fresh zygote's entry point (see ``_BOOTSTRAP``)."""
     ctl = socket.socket(fileno=config["ctl_fd"])
+    _stdin_from_devnull()  # the config pipe is done with; children must not hold it
+    _serve(ctl, config)
+
+
+def _stdin_from_devnull() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # the config pipe is done with; children must not hold it
+    os.dup2(devnull, 0)
     os.close(devnull)
+
+
+def _serve(ctl: socket.socket, config: dict[str, Any]) -> None:
+    """Load the agent, rehearse, say ``ready``, then fork a child per request until the
+    server closes ``ctl``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's business
     with _exit_if_abandoned(ctl):
         # Imported here, watched: a server stopped while this loads (a fifth of a second, and
@@ -394,6 +438,144 @@ def _end_children(children: set[int], wake_r: int) -> None:
             os.kill(pid, signal.SIGKILL)  # it had not made its own group yet
     for pid in list(children):
         os.waitpid(pid, 0)
+
+
+# -- the zygote forked by the serving process (the default under gunicorn) -------------------
+
+#: The largest config (pickled; an agent object travels in it) sent to a forked zygote in one
+#: message; a larger one goes to a fresh zygote on its standard input instead.
+_EARLY_CONFIG_LIMIT = 64 * 1024
+
+#: The zygote ``fork_early`` made and no pool has taken yet: (the pid that forked it, our end
+#: of its control socket, the process). Only the process that forked it may take it.
+_early: tuple[int, socket.socket, _Forked] | None = None
+_early_lock = threading.Lock()
+
+
+class _Forked:
+    """A zygote this process forked (``fork_early``): the part of ``Popen``'s interface the
+    server side uses (``pid``, ``poll``, ``wait``, ``kill``, ``args``, ``stdin``)."""
+
+    stdin = None
+    args = "motus-zygote"
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if timeout is not None:
+            _wait_for_exit(self, timeout)  # type: ignore[arg-type]
+        elif self.returncode is None:
+            self._reap(0)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:  # not reaped: the pid is still its own
+            os.kill(self.pid, signal.SIGKILL)
+
+    def _reap(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:
+            self.returncode = -1  # reaped by someone else: gone all the same
+            return
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+
+def fork_early() -> None:
+    """Fork the zygote now, from the serving process while it is still single-threaded and
+    has the agent imported (gunicorn's worker, just forked from the arbiter, which imported
+    the agent to check its path), so the zygote does not start a fresh interpreter and import
+    motus and the agent again. It waits for its config until the pool asks for its first
+    process (``Zygote._adopt_early``); if no pool takes it, ``discard_early`` ends it, and so
+    does this process's exit (the socket closes). Does nothing where a thread is running:
+    forking then is what the zygote exists to avoid."""
+    global _early
+    if not available() or threading.active_count() > 1 or _early is not None:
+        return
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    gc.collect()  # objects the parent had dropped close their descriptors now, not in the zygote
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return  # the pool launches a fresh zygote instead
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            _become_forked_zygote(theirs)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)  # never return into the code that forked us
+    theirs.close()
+    with _early_lock:
+        _early = (os.getpid(), ours, _Forked(pid))
+
+
+def _take_early() -> tuple[socket.socket, _Forked] | None:
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is None:
+        return None
+    owner, ctl, proc = early
+    if owner != os.getpid():  # inherited through another fork: not ours to use
+        ctl.close()
+        return None
+    return ctl, proc
+
+
+def discard_early() -> None:
+    """End a zygote ``fork_early`` made that no pool took (workers come from
+    ``multiprocessing`` here): it sees its socket close and exits."""
+    early = _take_early()
+    if early is not None:
+        ctl, proc = early
+        ctl.close()
+        try:
+            _wait_for_exit(proc, 5.0)  # type: ignore[arg-type]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _become_forked_zygote(ctl: socket.socket) -> None:
+    """In the forked child: become what a fresh zygote is (its own session, no descriptor of
+    the server's but the standard streams, default signal handlers, its name), then wait for
+    the config and serve."""
+    os.setsid()
+    keep = ctl.fileno()
+    os.closerange(3, keep)  # the listeners, gunicorn's pipes, the server's files
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue  # not settable (SIGKILL, SIGSTOP)
+    _stdin_from_devnull()
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write("motus-zygote")  # what ps and top show; its children inherit it
+    except OSError as exc:
+        _warn(f"motus zygote: could not name the process: {exc}")
+    sys.argv = [*sys.argv[:1], "motus-zygote"]  # as a fresh zygote's last word
+    message = ctl.recv(_EARLY_CONFIG_LIMIT + 1024)
+    if not message:
+        return  # closed before use: no pool wanted us
+    _serve(ctl, pickle.loads(message))
 
 
 @contextlib.contextmanager

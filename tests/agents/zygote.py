@@ -150,7 +150,9 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
         parent = os.getppid()
         with open(f"/proc/{parent}/cmdline", "rb") as handle:
             command = handle.read().split(b"\0")
-        if b"motus-zygote" not in command:  # an orphan's parent is init: never signal that
+        with open(f"/proc/{parent}/comm", "rb") as handle:
+            name = handle.read().strip()
+        if b"motus-zygote" not in command and name != b"motus-zygote":  # an orphan's parent is init: never signal that
             return _reply(message, state, f"parent {parent} is not a zygote")
         os.kill(parent, signal.SIGKILL)
         return _reply(message, state, f"killed {parent}")

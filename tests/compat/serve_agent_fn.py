@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 
 from motus.serve import AgentServer
 from tests.compat import agents
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     if args.python_executable:
         multiprocessing.set_executable(args.python_executable)
+        # A zygote forked from the server runs no interpreter: only a fresh one uses the path.
+        os.environ["MOTUS_WORKER_START"] = "fresh-zygote"
     agent_fn = f"tests.compat.agents:{args.agent}" if args.by_path else getattr(agents, args.agent)
     server = AgentServer(
         agent_fn=agent_fn, max_workers=2, timeout=30.0, ttl=0, allow_custom_ids=args.allow_custom_ids, store="memory"

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import psutil
 import requests
 
 from motus.serve import AgentServer
@@ -92,6 +93,9 @@ def test_an_agent_defined_in_the_script_that_serves_it(start_python_server) -> N
     server = start_python_server("tests/compat/script_server.py")
     body = _turn(server.url, "hi")
     assert body["status"] == "idle" and body["response"]["content"] == "script says: hi"
+    # Its workers come from multiprocessing: the zygote forked in case it would serve is gone.
+    names = [p.name() for p in psutil.Process(server.process.pid).children(recursive=True)]
+    assert "motus-zygote" not in names, names
 
 
 def test_a_worker_that_cannot_start_fails_the_turn(start_python_server) -> None:

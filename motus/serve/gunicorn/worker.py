@@ -45,6 +45,7 @@ from motus.serve.gunicorn.framing import (
     status_answer,
     timeout_detail,
 )
+from motus.serve.processes import fork_zygote_early
 from motus.serve.gunicorn.private import (
     HeldRequest,
     WorkerSeam,
@@ -146,6 +147,9 @@ class MotusWorker(WorkerSeam):
             super().notify()
 
     def load_wsgi(self) -> None:
+        # Still single-threaded, with the agent the arbiter imported: the zygote forks from
+        # here instead of importing everything again in a fresh interpreter.
+        fork_zygote_early()
         super().load_wsgi()
         config = getattr(self.wsgi, "config", None)
         limit = config.get("MAX_CONTENT_LENGTH") if isinstance(config, dict) else None

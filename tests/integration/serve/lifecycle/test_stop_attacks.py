@@ -19,7 +19,7 @@ from tests.conftest import Server, wait_until
 from tests.integration.serve.durability.test_durability import health, resume_ok, store_url, wait_idle
 from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, start_turn
 from tests.integration.serve.workers.test_zygote import alive as _alive
-from tests.integration.serve.workers.test_zygote import serving
+from tests.integration.serve.workers.test_zygote import is_zygote, serving
 
 
 gunicorn_worker = serving
@@ -27,7 +27,7 @@ gunicorn_worker = serving
 
 def zygote(server: Server) -> psutil.Process:
     worker = gunicorn_worker(server)
-    found = [p for p in worker.children() if "motus-zygote" in p.cmdline()]
+    found = [p for p in worker.children() if is_zygote(p)]
     assert len(found) == 1, [p.cmdline() for p in server.descendants()]
     return found[0]
 
@@ -62,7 +62,8 @@ def test_json_log_is_whole_after_a_stop(start_server: Callable[..., Server], unb
 
 
 def test_sigterm_while_the_zygote_imports_the_agent(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server("tests.agents.stop_attack:echo", env={"MOTUS_TEST_GATE_DIR": str(sandbox)})
+    # A fresh zygote imports the agent itself; one forked from the serving process inherits it.
+    server = start_server("tests.agents.stop_attack:echo", env={"MOTUS_TEST_GATE_DIR": str(sandbox), "MOTUS_WORKER_START": "fresh-zygote"})
     pid_file = sandbox / "zygote.pid"
     wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=20, what="the zygote to import the agent")
     importing = psutil.Process(int(pid_file.read_text()))
@@ -83,7 +84,7 @@ def test_sigkill_of_the_zygote_then_sigterm(start_server: Callable[..., Server])
 
 def test_sigkill_of_the_zygote_then_a_turn_then_sigterm(start_server: Callable[..., Server]) -> None:
     server = start_server("tests.agents:dispatch")
-    old = wait_until(lambda: [p for p in gunicorn_worker(server).children() if "motus-zygote" in p.cmdline()], what="a zygote")[0]
+    old = wait_until(lambda: [p for p in gunicorn_worker(server).children() if is_zygote(p)], what="a zygote")[0]
     old.kill()
     wait_until(lambda: not _alive(old), what="the zygote to die")
     sid = start_turn(server, "echo two")

@@ -39,7 +39,8 @@ from tests.conftest import Server, wait_until
 from tests.integration.serve.approvals.test_hitl import interrupted, resume
 
 AGENT = "tests.agents.zygote:agent"
-ZYGOTE_ARG = "motus-zygote"  # the zygote's (and its children's) last command-line word
+ZYGOTE_ARG = "motus-zygote"  # a fresh zygote's (and its children's) last command-line word
+ZYGOTE_NAME = "motus-zygote"  # a forked zygote's (and its children's) process name
 WARM = 4  # warm processes of a --workers 2 server: min(2 * workers, 16)
 
 StartServer = Callable[..., Server]
@@ -49,7 +50,18 @@ StartServer = Callable[..., Server]
 
 
 def agent_env(sandbox: Path, **extra: str) -> dict[str, str]:
-    return {"ZYGOTE_SANDBOX": str(sandbox), **extra}
+    env = {"ZYGOTE_SANDBOX": str(sandbox), **extra}
+    if "ZYGOTE_IMPORT" in env or "ZYGOTE_HOSTILE" in env:
+        # The agent misbehaves only when a zygote imports it; a zygote forked from the
+        # serving process (the default) inherits the import instead.
+        env.setdefault("MOTUS_WORKER_START", "fresh-zygote")
+    return env
+
+
+def is_zygote(proc: psutil.Process) -> bool:
+    """A zygote or one of its children: forked from the serving process (by its name) or a
+    fresh interpreter (by its command line)."""
+    return proc.name() == ZYGOTE_NAME or proc.cmdline()[-1:] == [ZYGOTE_ARG]
 
 
 def start(start_server: StartServer, sandbox: Path, *args: str, **env: str) -> Server:
@@ -95,7 +107,7 @@ def zygotes(server: Server) -> list[psutil.Process]:
     found = []
     for child in serving(server).children():
         try:
-            if alive(child) and child.cmdline()[-1:] == [ZYGOTE_ARG]:
+            if alive(child) and is_zygote(child):
                 found.append(child)
         except psutil.NoSuchProcess:
             continue
@@ -168,7 +180,7 @@ def ours(proc: psutil.Process) -> bool:
         return True
     if not command:
         return proc.pid > 1  # exiting: its memory (and so its command line) is already gone
-    return proc.pid > 1 and (command[-1:] == [ZYGOTE_ARG] or command == ["sleep", "300"] or "forkserver" in " ".join(command))
+    return proc.pid > 1 and (is_zygote(proc) or command == ["sleep", "300"] or "forkserver" in " ".join(command))
 
 
 def assert_ended(procs: list[psutil.Process | None], timeout: float = 5.0, what: str = "processes") -> None:
@@ -550,7 +562,7 @@ def test_multiprocessing_start_still_runs_turns_and_resumes(start_server: StartS
     server.send(session_id, "spawn_wait mp")
     [item] = interrupted(server, session_id)["interrupts"]
     commands = [" ".join(p.cmdline()) for p in server.descendants() if alive(p)]
-    assert not [c for c in commands if c.endswith(ZYGOTE_ARG)], commands
+    assert not [p for p in server.descendants() if alive(p) and is_zygote(p)], commands
     assert [c for c in commands if "forkserver" in c], commands
     assert resume(server, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
     body = finished(server, session_id)
@@ -762,6 +774,37 @@ def test_deletes_racing_starts_leave_nothing_behind(shared: Server, shared_sandb
     the_zygote(server)
     echo_ok(server, 2)
     assert_no_500(server)
+
+
+def test_the_zygote_is_forked_from_the_serving_process_and_holds_none_of_its_descriptors(shared: Server) -> None:
+    """Under gunicorn the zygote is forked from the serving process before it starts a thread
+    (it inherits the agent the server imported instead of importing it again): the serving
+    process's child, with its command line, named ``motus-zygote``, in a session of its own,
+    holding no socket of the server's (the listener above all: a zygote holding it would
+    keep the port open after the server died) and nothing but /dev/null on its stdin."""
+    worker = serving(shared)
+    zygote = the_zygote(shared, warm=None)
+    assert zygote.ppid() == worker.pid
+    assert zygote.name() == ZYGOTE_NAME
+    assert zygote.cmdline() == worker.cmdline()  # forked, not a fresh ``python -c``
+    assert os.getsid(zygote.pid) == zygote.pid
+    assert zygote.net_connections(kind="inet") == [], zygote.net_connections(kind="inet")
+    targets = {fd: os.readlink(f"/proc/{zygote.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote.pid}/fd")}
+    assert targets["0"] == "/dev/null", targets
+    sockets = [target for target in targets.values() if target.startswith("socket:")]
+    assert len(sockets) == 1, targets  # its control socket, and no other
+    body = turn(shared, "echo forked")
+    assert body["status"] == "idle" and body["response"]["content"] == "echo: forked", body
+
+
+def test_a_fresh_zygote_imports_the_agent_itself(start_server: StartServer, sandbox: Path) -> None:
+    """``MOTUS_WORKER_START=fresh-zygote``: a fresh interpreter, whose import of the agent is
+    its own (this agent prints at import only in a zygote)."""
+    server = start(start_server, sandbox, MOTUS_WORKER_START="fresh-zygote", ZYGOTE_IMPORT="print")
+    zygote = the_zygote(server, warm=None)
+    assert zygote.cmdline()[-1:] == [ZYGOTE_ARG]
+    echo_ok(server, 2)
+    assert server.log().count("zygote-agent-import: hello on stdout") == 1
 
 
 def test_a_worker_holds_no_descriptor_of_its_zygote(shared: Server) -> None:

@@ -23,10 +23,13 @@ meanwhile (``stop`` joins that thread before returning).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, TextIO
 
@@ -182,7 +185,8 @@ class Spinner:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._spin, name="motus-chat-spinner", daemon=True)
-        self._thread.start()
+        with _ctrl_c_deferred():
+            self._thread.start()
 
     def stop(self) -> None:
         thread, self._thread = self._thread, None
@@ -201,6 +205,28 @@ class Spinner:
             index += 1
             if self._stop.wait(self._interval):
                 return
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that comes inside the block until its end, then raise it.
+
+    ``Thread.start`` waits on a ``Condition``; a KeyboardInterrupt raised inside that wait
+    can leave the condition's lock released twice ("RuntimeError: release unlocked lock"),
+    a traceback instead of "Interrupted.". The spinner's first frame is printed from the
+    new thread while ``start`` still waits, so a person who presses Ctrl-C on seeing it
+    lands exactly there. Only the main thread's default handler is replaced."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pressed = []
+    signal.signal(signal.SIGINT, lambda _signum, _frame: pressed.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -216,6 +216,10 @@ def start(**opts: Any) -> None:
     check_metrics_port(opts)
     opts["store"] = resolve_store(opts)
     warn_if_exposed(opts["host"], tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file"))))
+    if not config.holds_secrets(opts):
+        from motus.serve.processes import allow_early_zygote
+
+        allow_early_zygote()  # the zygote forks from the serving process: nothing to keep from it
     sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
     run_gunicorn(
         server_factory(opts),

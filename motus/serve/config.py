@@ -312,6 +312,16 @@ def web_chat_address(host: str, port: int) -> str:
     return f"http://{host}:{port}/ui/"
 
 
+def holds_secrets(values: Mapping[str, Any]) -> bool:
+    """Whether a server built from these values holds something an agent must not read: an
+    API key, a webhook secret, or a database server's URL (whoever writes there answers
+    interrupts). A memory or SQLite store is not one: its file is the agent's to reach anyway."""
+    if values.get("api_keys") or values.get("api_key_file") or values.get("webhook_secret"):
+        return True
+    store = str(values.get("store") or "")
+    return not (store == "memory" or store.startswith("sqlite:"))
+
+
 def build_server(agent: Any, values: Mapping[str, Any]) -> Any:
     """Configure logging and build the ``AgentServer`` these values describe (nothing starts)."""
     from motus.serve.logs import configure_logging

@@ -5,10 +5,11 @@ descriptor that is readable once the process has exited), ``is_alive()``, ``join
 ``kill_group()`` and ``close()``, and the server's end of the job pipe.
 
 - ``motus.serve.zygote`` (Linux): the default. A start costs a fraction of what
-  ``multiprocessing`` costs (see ``bench/README.md``). Under gunicorn the zygote is forked
-  from the serving process before it starts any thread (``fork_zygote_early``), with the
-  agent already imported; elsewhere, or with ``MOTUS_WORKER_START=fresh-zygote``, it is a
-  fresh interpreter that imports the agent itself.
+  ``multiprocessing`` costs (see ``bench/README.md``). From ``motus serve start`` with no
+  secret to keep from agents, the zygote is forked from the serving process before it
+  starts any thread (``fork_zygote_early``), with the agent already imported; otherwise,
+  or with ``MOTUS_WORKER_START=fresh-zygote``, it is a fresh interpreter that imports the
+  agent itself.
 - ``multiprocessing``'s forkserver (spawn where there is no forkserver): where there are no
   pidfds, for an agent object defined in the main script (its workers must run that script
   first, as ``multiprocessing`` does), or when ``MOTUS_WORKER_START=multiprocessing``.
@@ -37,10 +38,26 @@ START_ENV_VAR = "MOTUS_WORKER_START"
 START_CHOICES = ("zygote", "fresh-zygote", "multiprocessing")
 
 
+#: Set in ``motus serve start``'s arbiter before gunicorn forks the serving process
+#: (``allow_early_zygote``); inherited by that fork.
+_early_allowed = False
+
+
+def allow_early_zygote() -> None:
+    """Let the serving process fork its zygote (``fork_zygote_early``). Only for a server
+    that holds no secret: a forked zygote and its workers share the serving process's
+    memory and its original environment block (``/proc/PID/environ``), where an API key, a
+    webhook secret or a database URL could be read by an agent; a fresh interpreter holds
+    none of them."""
+    global _early_allowed
+    _early_allowed = True
+
+
 def fork_zygote_early() -> None:
     """In the serving process, before it starts a thread: fork the zygote now (see
-    ``zygote.fork_early``) unless workers are to come from elsewhere."""
-    if os.environ.get(START_ENV_VAR, "") in ("", "zygote"):
+    ``zygote.fork_early``) if ``allow_early_zygote`` was called and workers are to come from
+    a zygote."""
+    if _early_allowed and os.environ.get(START_ENV_VAR, "") in ("", "zygote"):
         zygote.fork_early()
 
 WORKER_PROCESS_NAME = "motus-worker"

@@ -266,7 +266,9 @@ class Zygote:
         if early is None:
             return None
         ctl, proc = early
-        config = pickle.dumps(self._config, protocol=pickle.HIGHEST_PROTOCOL)
+        # Our environment as it is now (the server took its secrets out of it), as a fresh
+        # zygote would inherit it.
+        config = pickle.dumps({**self._config, "environ": dict(os.environ)}, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             self._proc, self._ctl = proc, ctl
             closed = self._closed
@@ -493,7 +495,9 @@ def fork_early() -> None:
     """Fork the zygote now, from the serving process while it is still single-threaded and
     has the agent imported (gunicorn's worker, just forked from the arbiter, which imported
     the agent to check its path), so the zygote does not start a fresh interpreter and import
-    motus and the agent again. It waits for its config until the pool asks for its first
+    motus and the agent again. Only for a server that holds no secret (the caller decides:
+    ``processes.allow_early_zygote``): the zygote and its workers share what the serving
+    process had in memory and its original environment block. It waits for its config until the pool asks for its first
     process (``Zygote._adopt_early``); if no pool takes it, ``discard_early`` ends it, and so
     does this process's exit (the socket closes). Does nothing where a thread is running:
     forking then is what the zygote exists to avoid."""
@@ -575,7 +579,10 @@ def _become_forked_zygote(ctl: socket.socket) -> None:
     message = ctl.recv(_EARLY_CONFIG_LIMIT + 1024)
     if not message:
         return  # closed before use: no pool wanted us
-    _serve(ctl, pickle.loads(message))
+    config = pickle.loads(message)
+    os.environ.clear()
+    os.environ.update(config.pop("environ"))
+    _serve(ctl, config)
 
 
 @contextlib.contextmanager

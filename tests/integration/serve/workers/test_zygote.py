@@ -797,6 +797,33 @@ def test_the_zygote_is_forked_from_the_serving_process_and_holds_none_of_its_des
     assert body["status"] == "idle" and body["response"]["content"] == "echo: forked", body
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "forked"),
+    [
+        ((), {}, True),
+        (("--api-key", "alice=s3cret-key"), {}, False),
+        (("--webhook-secret", "w3bhook-secret"), {}, False),
+        ((), {"MOTUS_API_KEY": "s3cret-key"}, False),
+    ],
+    ids=["no-secret", "api-key", "webhook-secret", "api-key-in-environment"],
+)
+def test_a_server_holding_a_secret_starts_a_fresh_zygote(start_server: StartServer, args: tuple[str, ...], env: dict[str, str], forked: bool) -> None:
+    """A forked zygote and its workers share the serving process's memory and its original
+    environment block (/proc/PID/environ): with an API key or a webhook secret to keep from
+    agents, the zygote is a fresh interpreter instead. Either way an agent's environment
+    holds none of the server's variables (the store's is taken out as a fresh zygote's is)."""
+    server = start_server("tests.agents:environment", *args, env=env)
+    if "s3cret-key" in repr((args, env)):
+        server = server.with_headers({"Authorization": "Bearer s3cret-key"})
+    zygote = the_zygote(server, warm=None)
+    assert (zygote.cmdline()[-1:] != [ZYGOTE_ARG]) is forked, zygote.cmdline()
+    for secret in ("s3cret-key", "w3bhook-secret"):
+        assert secret not in Path(f"/proc/{zygote.pid}/environ").read_text(errors="replace")
+    for name in ("MOTUS_STORE", "MOTUS_API_KEY", "MOTUS_WEBHOOK_SECRET"):
+        body = turn(server, name)
+        assert body["status"] == "idle" and body["response"]["content"] == f"{name}=None", body
+
+
 def test_a_fresh_zygote_imports_the_agent_itself(start_server: StartServer, sandbox: Path) -> None:
     """``MOTUS_WORKER_START=fresh-zygote``: a fresh interpreter, whose import of the agent is
     its own (this agent prints at import only in a zygote)."""

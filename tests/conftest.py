@@ -60,16 +60,28 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(ROOT / folder, quiet=1)
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> object:
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (then fail)."""
+#: ``wait_until``'s polling when no ``interval`` is given: the first pauses are short (most
+#: conditions hold within milliseconds), then they double up to the cap, so a wait of
+#: seconds costs a few dozen polls (each an HTTP request or a process scan, CPU in the test
+#: and the server alike) instead of hundreds.
+FIRST_POLL_INTERVAL = 0.005
+MAX_POLL_INTERVAL = 0.05
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float | None = None, what: str = "condition") -> object:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (then fail).
+    ``interval``: a fixed pause between polls; by default they back off (see above)."""
     deadline = time.monotonic() + timeout
+    pause = FIRST_POLL_INTERVAL if interval is None else interval
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(MAX_POLL_INTERVAL, pause * 2)
 
 
 def free_port() -> int:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import click
 
@@ -314,12 +315,14 @@ def web_chat_address(host: str, port: int) -> str:
 
 def holds_secrets(values: Mapping[str, Any]) -> bool:
     """Whether a server built from these values holds something an agent must not read: an
-    API key, a webhook secret, or a database server's URL (whoever writes there answers
-    interrupts). A memory or SQLite store is not one: its file is the agent's to reach anyway."""
+    API key, a webhook secret, or a database URL with a password in it (whoever writes to
+    the database answers interrupts). A URL without one grants nothing the agent's own user
+    does not have (the password then comes from ``PGPASSWORD`` or ``~/.pgpass``, which the
+    agent's process sees either way)."""
     if values.get("api_keys") or values.get("api_key_file") or values.get("webhook_secret"):
         return True
-    store = str(values.get("store") or "")
-    return not (store == "memory" or store.startswith("sqlite:"))
+    store = urlsplit(str(values.get("store") or ""))
+    return ":" in store.netloc.rpartition("@")[0] or "password" in parse_qs(store.query)
 
 
 def build_server(agent: Any, values: Mapping[str, Any]) -> Any:

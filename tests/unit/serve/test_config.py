@@ -282,3 +282,23 @@ def test_the_readme_table_is_the_settings_table() -> None:
     assert list(documented) == [setting.flag for setting in SETTINGS]
     for setting in SETTINGS:
         assert documented[setting.flag] == setting.documented_default().replace("|", "\\|"), setting.flag
+
+
+@pytest.mark.parametrize(
+    ("values", "secret"),
+    [
+        ({"store": "memory"}, False),
+        ({"store": "sqlite:///.motus/a.sqlite3"}, False),
+        ({"store": "postgresql://postgres@127.0.0.1:5432/motus"}, False),
+        ({"store": "postgresql://motus:pw@db.internal/motus"}, True),
+        ({"store": "postgresql://motus:@db.internal/motus"}, True),
+        ({"store": "postgresql://db.internal/motus?password=pw"}, True),
+        ({"store": "memory", "api_keys": ("alice=s3cret",)}, True),
+        ({"store": "memory", "api_key_file": "/etc/motus/keys"}, True),
+        ({"store": "memory", "webhook_secret": "w"}, True),
+    ],
+)
+def test_holds_secrets_names_what_an_agent_must_not_read(values: dict, secret: bool) -> None:
+    """What decides whether the zygote may be forked from the serving process (whose memory
+    and environment block its workers share) or must be a fresh interpreter."""
+    assert config.holds_secrets(values) is secret

@@ -35,7 +35,7 @@ import psutil
 import pytest
 import requests
 
-from tests.support import pg
+from tests.support import launcher, pg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # so would every process it starts: Python then never raises KeyboardInterrupt. Restore it.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End this test process's server template (``tests/support/launcher.py``)."""
+    launcher.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -284,7 +289,11 @@ class Starter:
     def __call__(self, agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
         port = free_port()
         log_path = self._tmp_dir / f"server-{len(self.servers)}.log"
-        process = launch(["serve", "start", agent, "--port", str(port), *args], log_path, env)
+        command = ["serve", "start", agent, "--port", str(port), *args]
+        if launcher.usable(env):
+            process = launcher.start(command, log_path, server_env(env), ROOT, base_env=server_env())
+        else:
+            process = launch(command, log_path, env)
         server = Server(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
         self.servers.append(server)
         if self._shared:
@@ -402,6 +411,7 @@ def no_leaks() -> Iterator[None]:
         # The session's cluster may first be asked for inside a test (getfixturevalue): it
         # outlives the test by design.
         kept = {c.pid for c in [*clusters_before, *pg.live_clusters()] if c.pid is not None and (c in clusters_before or c.session_scoped)}
+        kept.add(launcher.template_pid() or 0)  # the servers' template lives for the session
         return _children() - children_before - kept - _SHARED_SERVERS
 
     def clean() -> bool:

@@ -1,0 +1,236 @@
+"""Start ``motus serve start`` servers for the tests without paying for an interpreter each time.
+
+The suite starts about 430 servers. Each start used to be a fresh ``python -m motus serve
+start``: an interpreter, then click, gunicorn, pydantic, Flask, prometheus_client and motus
+imported in the arbiter and its worker, about 0.4 s of CPU before the server did anything of
+its own, and the suite on this 2-core machine is bound by CPU. Here one *template* process
+per test process imports those modules once; each start forks it, and the child becomes
+exactly what ``python -m motus serve start ARGS`` would be from there on: its own session,
+standard output and error to the server's log, standard input from ``/dev/null``, the
+server's environment and working directory, ``sys.argv`` as ``python -m`` sets it, and
+``motus``'s own ``__main__`` run by ``runpy``. Everything the tests look at (the arbiter,
+its gunicorn worker, the zygote and the workers, the HTTP API) is the product's code
+running as it does in production; what differs is only what happened before ``main()``.
+
+What stays a real ``python -m motus`` process: a start whose environment sets a ``PYTHON*``
+variable (the interpreter reads those when it starts), every ``launch`` outside
+``Starter``, and a server given API keys, which re-executes itself to hide them.
+
+The child is the template's, not the test process's: ``TemplateProcess`` gives the tests the
+part of ``subprocess.Popen`` they use (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``,
+``returncode``) through a pidfd the template hands over and an exit status it reads for us.
+The template never reaps a child before we ask for its status, so the pid stays that
+child's (a zombie) until then and a signal can never reach another process.
+
+Thread safety: one lock serialises every exchange with the template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+#: Modules a server imports before it serves: imported once, in the template. Not the agent
+#: (tests' agents act at import) and nothing a server would not import itself.
+PRELOAD = (
+    "motus.cli",
+    "motus.serve.cli",
+    "motus.serve.server",
+    "motus.serve.app",
+    "motus.serve.gunicorn",
+    "motus.serve.gunicorn.worker",
+    "motus.serve.gunicorn.arbiter",
+    "motus.serve.processes",
+    "motus.serve.worker",
+    "motus.serve.store.memory",
+    "motus.serve.store.sqlite",
+    "motus.serve.metrics",
+    "gunicorn.arbiter",
+    "flask",
+)
+
+_TEMPLATE = r"""
+import importlib, importlib.util, json, os, runpy, socket, sys
+
+ctl = socket.socket(fileno=int(sys.argv[1]))
+for name in json.loads(sys.argv[2]):
+    importlib.import_module(name)
+main_path = importlib.util.find_spec("motus.__main__").origin
+ctl.sendall(b"ready")
+
+
+def become_server(request, log_fd):
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = [main_path, *request["args"]]
+    code = 1
+    try:
+        runpy.run_module("motus", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+while True:
+    message, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 1)
+    if not message:
+        break
+    request = json.loads(message)
+    if request["op"] == "start":
+        [log_fd] = fds
+        pid = os.fork()
+        if pid == 0:
+            ctl.close()
+            become_server(request, log_fd)
+        os.close(log_fd)
+        pidfd = os.pidfd_open(pid)
+        socket.send_fds(ctl, [str(pid).encode()], [pidfd])
+        os.close(pidfd)
+    elif request["op"] == "status":
+        _, status = os.waitpid(request["pid"], 0)
+        ctl.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+"""
+
+_lock = threading.Lock()
+_template: tuple[subprocess.Popen[bytes], socket.socket] | None = None
+
+
+def usable(env: dict[str, str] | None) -> bool:
+    """Whether a start with this extra environment may come from the template."""
+    return hasattr(os, "pidfd_open") and not any(name.startswith("PYTHON") for name in env or {})
+
+
+def template_pid() -> int | None:
+    """The template's pid, if it runs (a child of this process that is no test's leak)."""
+    return _template[0].pid if _template is not None else None
+
+
+def start(args: list[str], log_path: Path, env: dict[str, str], cwd: Path, base_env: dict[str, str]) -> TemplateProcess:
+    """Fork ``python -m motus *args`` with environment ``env`` from the template, which is
+    started on first use with ``base_env`` (what every server's environment has in common)."""
+    with _lock:
+        proc, ctl = _running(base_env)
+        with open(log_path, "w") as log_file:
+            request = {"op": "start", "args": args, "env": env, "cwd": str(cwd)}
+            socket.send_fds(ctl, [json.dumps(request).encode()], [log_file.fileno()])
+        message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 1)
+        if not message or len(fds) != 1:
+            raise RuntimeError(f"the server template did not start a server (it exited with {proc.poll()})")
+        return TemplateProcess(int(message), fds[0], args)
+
+
+def stop() -> None:
+    """End the template (its servers must have been stopped)."""
+    global _template
+    with _lock:
+        if _template is not None:
+            proc, ctl = _template
+            _template = None
+            ctl.close()
+            proc.wait(10)
+
+
+def _running(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    global _template
+    if _template is not None and _template[0].poll() is None:
+        return _template
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # "motus serve start" at the end: the tests find a server's processes by that command line.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TEMPLATE, str(theirs.fileno()), json.dumps(PRELOAD), "motus", "serve", "start"],
+        pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    theirs.close()
+    ours.settimeout(60)
+    if ours.recv(16) != b"ready":
+        proc.kill()
+        proc.wait()
+        raise RuntimeError("the server template did not start")
+    ours.settimeout(None)
+    _template = (proc, ours)
+    return _template
+
+
+def _status(pid: int) -> int:
+    with _lock:
+        assert _template is not None, "the template that started the server is gone"
+        _proc, ctl = _template
+        ctl.sendall(json.dumps({"op": "status", "pid": pid}).encode())
+        return int(ctl.recv(64))
+
+
+class TemplateProcess:
+    """A server forked by the template: the part of ``subprocess.Popen`` the tests use."""
+
+    def __init__(self, pid: int, pidfd: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._pidfd = pidfd
+
+    def poll(self) -> int | None:
+        if self.returncode is None and _exited(self._pidfd, 0):
+            self._collect()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not _exited(self._pidfd, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._collect()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # not reaped: the pid is still this server's
+            try:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            except ProcessLookupError:
+                return  # it has exited (a zombie until we collect it), as Popen's would be
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _collect(self) -> None:
+        self.returncode = _status(self.pid)
+        os.close(self._pidfd)
+
+
+def _exited(pidfd: int, timeout: float | None) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))

@@ -46,6 +46,37 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: The modules that take longest from start to end (measured: they wait on timers, several
+#: instances or many turns), started first so that none of them starts last and keeps the
+#: run going after the other test processes are done. xdist hands out whole modules in
+#: collection order (``--no-loadscope-reorder`` in pyproject.toml; its default order, by
+#: number of tests, put the long modules with few tests last). A module missing here only
+#: runs in the usual order; the list needs to be roughly right, not complete.
+LONGEST_FIRST = (
+    "tests/integration/serve/approvals/test_workflow.py",
+    "tests/integration/serve/instances/test_instances_attacks.py",
+    "tests/integration/serve/workers/test_zygote.py",
+    "tests/integration/serve/instances/test_postgres_history_attacks.py",
+    "tests/integration/serve/hardening/test_fuzz.py",
+    "tests/integration/frameworks/test_openai_agents.py",
+    "tests/integration/serve/history/test_history_attacks.py",
+    "tests/integration/serve/durability/test_durability.py",
+    "tests/integration/frameworks/test_anthropic.py",
+    "tests/integration/serve/instances/test_several_instances.py",
+    "tests/integration/serve/workers/test_rehearsal_attacks.py",
+    "tests/integration/serve/durability/test_durability_attacks.py",
+    "tests/integration/serve/approvals/test_workflow_attacks.py",
+    "tests/integration/serve/hardening/test_hardening_attacks.py",
+    "tests/integration/serve/approvals/test_hitl.py",
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the modules of ``LONGEST_FIRST`` first, in its order; the rest keep theirs."""
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """End this test process's server template (``tests/support/launcher.py``)."""
     launcher.stop()

@@ -37,6 +37,8 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
+
 #: Modules a server imports before it serves: imported once, in the template. Not the agent
 #: (tests' agents act at import) and nothing a server would not import itself.
 PRELOAD = (
@@ -134,6 +136,19 @@ def usable(env: dict[str, str] | None) -> bool:
 def template_pid() -> int | None:
     """The template's pid, if it runs (a child of this process that is no test's leak)."""
     return _template[0].pid if _template is not None else None
+
+
+def server_roots() -> list[psutil.Process]:
+    """The processes servers run as at their top: this process's children and the template's
+    (a server forked by the template is the template's child, not ours)."""
+    roots = psutil.Process().children()
+    pid = template_pid()
+    if pid is not None:
+        try:
+            roots += psutil.Process(pid).children()
+        except psutil.NoSuchProcess:
+            pass  # it is gone: its servers with it
+    return roots
 
 
 def start(args: list[str], log_path: Path, env: dict[str, str], cwd: Path, base_env: dict[str, str]) -> TemplateProcess:

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from tests.conftest import Server, Starter, wait_until
+from tests.support.launcher import server_roots
 from tests.integration.serve.history.test_history_attacks import (
     PARKER,
     PRELOAD,
@@ -92,7 +93,7 @@ def frozen_in_its_first_read(url: str, start: Callable[[], Server], attempts: in
         for _ in range(attempts):
             started: list[Server] = []
             failure: list[BaseException] = []
-            before = {p.pid for p in psutil.Process().children()}
+            before = {p.pid for p in server_roots()}
 
             def run() -> None:
                 try:
@@ -104,7 +105,7 @@ def frozen_in_its_first_read(url: str, start: Callable[[], Server], attempts: in
             thread.start()
             frozen: list[psutil.Process] = []
             try:
-                root = wait_until(lambda: next((p for p in psutil.Process().children() if p.pid not in before), None),
+                root = wait_until(lambda: next((p for p in server_roots() if p.pid not in before), None),
                                   timeout=30, interval=0.001, what="the new instance's process")
 
                 def caught() -> int | None:

@@ -235,9 +235,11 @@ class Zygote:
                     pass  # not connected any more: nothing is waiting on it
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the zygote and wait for it (call once no start can be running)."""
+        """End the zygote and wait for it (call once no start can be running), and one
+        ``fork_early`` made that no start took (the server stopped before its first start)."""
         self.interrupt()
         self._discard(timeout)
+        discard_early()
 
     # -- internals ------------------------------------------------------------------------
 
@@ -281,11 +283,15 @@ class Zygote:
         try:
             ctl.sendall(config)
         except OSError:
-            self._discard()  # it died before it was used: a fresh one takes its place
-            return None
+            self._discard()
+            if self._closing():  # ``interrupt`` shut the socket: no fresh zygote to start and end at once
+                raise ZygoteError("the pool is closing") from None
+            return None  # it died before it was used: a fresh one takes its place
         return ctl, self._await_ready(ctl, proc)
 
     def _launch(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+        if self._closing():
+            raise ZygoteError("the pool is closing")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = dict(self._config, sys_path=list(sys.path), ctl_fd=theirs.fileno())
         command = [spawn.get_executable(), *subprocess._args_from_interpreter_flags(), "-c", _BOOTSTRAP, "motus-zygote"]  # type: ignore[attr-defined]

@@ -106,10 +106,13 @@ def configure_logging(level: str, log_format: str = "text") -> None:
 def check_agent_path(agent: str) -> None:
     """Import the agent now, from the current folder too (as ``python -m`` would). An agent
     no worker may load (a lambda, a nested function) stops the start with one line, exit 2."""
+    from motus.serve.zygote import agent_import
+
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        load_agent(agent)
+        with agent_import():  # what the import opens is the agent's: a forked zygote keeps it
+            load_agent(agent)
     except AgentNotSendable as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
@@ -221,6 +224,14 @@ def start(**opts: Any) -> None:
 
         allow_early_zygote()  # the zygote forks from the serving process: nothing to keep from it
     sys.argv = sys.argv[:1]  # gunicorn must not parse our options as its own
+    # What the agent's import printed and Python still buffers: written now, once, or every
+    # process forked from this one (the gunicorn worker, the zygote, each turn's worker)
+    # would write its copy again when it ends.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # closed or replaced by the agent's import: nothing left to write
+            continue
     run_gunicorn(
         server_factory(opts),
         host=opts["host"],

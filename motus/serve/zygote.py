@@ -373,6 +373,17 @@ def _stdin_from_devnull() -> None:
     os.close(devnull)
 
 
+def _flush_stdio() -> None:
+    """Write what Python buffers for stdout and stderr, so that no process forked from this
+    one inherits it and writes it again."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # closed, broken or replaced (by the agent's import): nothing to write
+            continue
+
+
 def _serve(ctl: socket.socket, config: dict[str, Any]) -> None:
     """Load the agent, rehearse, say ``ready``, then fork a child per request until the
     server closes ``ctl``."""
@@ -387,6 +398,9 @@ def _serve(ctl: socket.socket, config: dict[str, Any]) -> None:
             worker.rehearse()
         except Exception as exc:  # only a warm-up: each turn meets a real problem itself, in its own error
             _warn(f"motus zygote: serving without the rehearsal turn, which failed: {type(exc).__name__}: {exc}")
+    # What the agent's import printed and Python still buffers goes out now, once: every
+    # child would otherwise inherit the buffer and write it again when its turn ends.
+    _flush_stdio()
     gc.collect()
     gc.freeze()  # what the children inherit is never traversed by their collections
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -512,6 +526,7 @@ def fork_early() -> None:
         return
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     gc.collect()  # objects the parent had dropped close their descriptors now, not in the zygote
+    _flush_stdio()  # what this process buffered is its own to write, not the zygote's and its children's too
     try:
         pid = os.fork()
     except OSError:
@@ -531,6 +546,58 @@ def fork_early() -> None:
     theirs.close()
     with _early_lock:
         _early = (os.getpid(), ours, _Forked(pid))
+
+
+#: Descriptors the agent's import opened in this process (``agent_import``), by number, with
+#: the file each was (device, inode): a zygote forked from this process keeps those still
+#: open on the same file, as a fresh zygote keeps what its own import of the agent opened.
+_agent_fds: dict[int, tuple[int, int]] = {}
+
+
+def _open_descriptors() -> dict[int, tuple[int, int]]:
+    found = {}
+    for name in os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"):
+        try:
+            info = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue  # the listing's own descriptor, closed by now
+        found[int(name)] = (info.st_dev, info.st_ino)
+    return found
+
+
+@contextlib.contextmanager
+def agent_import() -> Iterator[None]:
+    """Around the serving process's import of the agent (``motus serve start`` checks its
+    path): the descriptors the import opens (a log file, a SQLite database, an index) are
+    the agent's, and a zygote forked from this process keeps them (``_become_forked_zygote``
+    closes every other one). Without this, the module's file objects would use numbers the
+    zygote had closed, and that its children reuse for their event loop or job pipe."""
+    try:
+        before = _open_descriptors()
+    except OSError:
+        yield  # no descriptor table to read: the zygote closes them all, as before
+        return
+    try:
+        yield
+    finally:
+        try:
+            after = _open_descriptors()
+        except OSError:
+            after = {}
+        _agent_fds.update({fd: ident for fd, ident in after.items() if fd > 2 and before.get(fd) != ident})
+
+
+def _kept_agent_fds() -> set[int]:
+    """The agent's descriptors (``agent_import``) still open on the file they were opened on."""
+    kept = set()
+    for fd, ident in _agent_fds.items():
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue  # closed since
+        if (info.st_dev, info.st_ino) == ident:
+            kept.add(fd)
+    return kept
 
 
 def _take_early() -> tuple[socket.socket, _Forked] | None:
@@ -562,12 +629,16 @@ def discard_early() -> None:
 
 def _become_forked_zygote(ctl: socket.socket) -> None:
     """In the forked child: become what a fresh zygote is (its own session, no descriptor of
-    the server's but the standard streams, default signal handlers, its name), then wait for
-    the config and serve."""
+    the server's but the standard streams, the agent's own descriptors, default signal
+    handlers, its name), then wait for the config and serve."""
     os.setsid()
-    keep = ctl.fileno()
-    os.closerange(3, keep)  # the listeners, gunicorn's pipes, the server's files
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    # Every descriptor but the control socket and the agent's own (what its import opened):
+    # the listeners, gunicorn's pipes, the server's files.
+    low = 3
+    for keep in sorted(_kept_agent_fds() | {ctl.fileno()}):
+        os.closerange(low, keep)
+        low = keep + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
     signal.set_wakeup_fd(-1)
     for signum in signal.valid_signals():
         try:
@@ -575,6 +646,7 @@ def _become_forked_zygote(ctl: socket.socket) -> None:
                 signal.signal(signum, signal.SIG_DFL)
         except (OSError, ValueError):
             continue  # not settable (SIGKILL, SIGSTOP)
+    _fresh_logging()
     _stdin_from_devnull()
     try:
         with open("/proc/self/comm", "w") as comm:
@@ -589,6 +661,17 @@ def _become_forked_zygote(ctl: socket.socket) -> None:
     os.environ.clear()
     os.environ.update(config.pop("environ"))
     _serve(ctl, config)
+
+
+def _fresh_logging() -> None:
+    """The root logger's level as a fresh interpreter has it: ``WARNING``. At the server's
+    ``--log-level`` (info), what an agent's libraries log at info (httpx: each request's
+    method and URL, query string included) went to the server's log, and only until a fresh
+    zygote replaced this one. The server's handler stays: the warnings that do go out are in
+    the log's format."""
+    import logging
+
+    logging.getLogger().setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,10 @@ in ``TAG-worker.pid``), so a test can check that process is gone:
 - ``close_stdout``: ``sys.stdout.close()``, then prints and replies;
 - ``print``: writes a lot to stdout and stderr, then replies;
 - ``pgid``: replies with its pid, process group and parent;
+- ``append TEXT``: appends a line to the file ``$AGENT_IMPORT_OPEN`` names, which the module
+  opened at import, and replies with what its descriptor is;
+- ``log TEXT``: logs ``agent-info: TEXT`` at info and ``agent-warning: TEXT`` at warning
+  (with the ``logging`` module, as a library would), then replies;
 - ``fds``: replies with what each of its descriptors is, ``fd=target`` per line;
 - ``del_stdout``: deletes ``sys.stdout`` and ``sys.stderr`` (the attributes), then replies;
 - ``gate TAG``: waits (in a thread) until ``TAG.go`` exists in the sandbox, then replies;
@@ -33,6 +37,8 @@ At import, only in the zygote (``sys.argv`` ends with ``motus-zygote``; the serv
 the agent too, to check its path), ``$ZYGOTE_IMPORT`` picks a misbehaviour: ``fail`` (raise),
 ``exit`` (``sys.exit(3)``), ``sleep`` (``$ZYGOTE_IMPORT_SLEEP`` seconds, default 3),
 ``print`` (to stdout and stderr) or ``close_stdout`` (``sys.stdout.close()`` and close fd 1).
+With ``$AGENT_IMPORT_PRINT`` set, every process that imports it prints one line to stdout
+without flushing it.
 """
 
 from __future__ import annotations
@@ -49,6 +55,15 @@ from motus.models import ChatMessage
 from motus.serve.interrupt import interrupt
 
 IN_ZYGOTE = sys.argv[-1:] == ["motus-zygote"]
+
+#: ``$AGENT_IMPORT_OPEN``: a file every process that imports this module opens (for appending),
+#: as an agent opens its log file or its database at import; ``append TEXT`` writes to it.
+_OPENED = open(os.environ["AGENT_IMPORT_OPEN"], "a", buffering=1) if os.environ.get("AGENT_IMPORT_OPEN") else None  # noqa: SIM115 - the module's for its life
+
+if os.environ.get("AGENT_IMPORT_PRINT"):
+    # In every process that imports it, and not flushed: without PYTHONUNBUFFERED the line
+    # waits in that process's buffer, which every process forked from it inherits.
+    print(f"agent-import: buffered hello from {os.getpid()}")
 
 if IN_ZYGOTE:
     _misbehaviour = os.environ.get("ZYGOTE_IMPORT", "")
@@ -185,6 +200,21 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
         return _reply(message, state, "\n".join(lines))
     if word == "pgid":
         return _reply(message, state, f"{os.getpid()} {os.getpgrp()} {os.getppid()}")
+    if word == "append":
+        assert _OPENED is not None, "set AGENT_IMPORT_OPEN"
+        try:
+            _OPENED.write(rest + "\n")
+            _OPENED.flush()
+        except OSError as exc:
+            return _reply(message, state, f"failed: {exc}")
+        return _reply(message, state, f"appended to descriptor {_OPENED.fileno()}: {os.readlink(f'/proc/self/fd/{_OPENED.fileno()}')}")
+    if word == "log":
+        import logging
+
+        library = logging.getLogger("zygote_agent.library")  # as httpx logs each request's URL
+        library.info("agent-info: %s", rest)
+        library.warning("agent-warning: %s", rest)
+        return _reply(message, state, "logged")
     if word == "del_stdout":
         del sys.stdout, sys.stderr
         return _reply(message, state, "deleted")

@@ -832,6 +832,62 @@ def test_a_fresh_zygote_imports_the_agent_itself(start_server: StartServer, sand
     assert server.log().count("zygote-agent-import: hello on stdout") == 1
 
 
+@pytest.mark.parametrize(("start_method", "imports"), [("zygote", 1), ("fresh-zygote", 2)])
+def test_what_the_agent_prints_at_import_is_written_once_per_import(
+    start_server: StartServer, sandbox: Path, start_method: str, imports: int
+) -> None:
+    """Without PYTHONUNBUFFERED (a server whose output goes to a file or a pipe), what the
+    agent prints at import waits in Python's buffer of the process that imported it, and
+    every process forked from that one inherits the buffer. Each wrote its copy when it
+    ended: the gunicorn worker, and each turn's worker (and each warm process ended at the
+    stop) of a zygote forked from the serving process, or of a fresh zygote that imported
+    the agent itself. The server imports the agent once to check its path, a fresh zygote
+    once more: each import's line is in the log exactly once."""
+    server = start(start_server, sandbox, MOTUS_WORKER_START=start_method, AGENT_IMPORT_PRINT="1", PYTHONUNBUFFERED="")
+    echo_ok(server, 3)
+    server.stop()  # every process has ended, and written what it held
+    lines = [line for line in server.log().splitlines() if "agent-import: buffered hello" in line]
+    assert len(lines) == imports, lines
+
+
+@pytest.mark.parametrize("start_method", ["zygote", "fresh-zygote"])
+def test_an_agents_logging_is_a_fresh_interpreters_whichever_zygote_forked_it(
+    start_server: StartServer, sandbox: Path, start_method: str
+) -> None:
+    """A zygote forked from the serving process kept the server's root logger at
+    ``--log-level`` (info): what an agent's libraries log at info (httpx: each request's
+    method and URL, query string included) went to the server's log, until the zygote died
+    and a fresh one, whose root logger is at warning, replaced it. Either zygote's workers
+    log what a fresh interpreter logs: warnings, not info."""
+    server = start(start_server, sandbox, MOTUS_WORKER_START=start_method)
+    body = turn(server, f"log {start_method}")
+    assert body["status"] == "idle" and body["response"]["content"] == "logged", body
+    wait_until(lambda: f"agent-warning: {start_method}" in server.log(), what="the agent's warning in the log")
+    assert f"agent-info: {start_method}" not in server.log()
+
+
+@pytest.mark.parametrize("start_method", ["zygote", "fresh-zygote"])
+def test_a_file_the_agent_opened_at_import_is_still_its_file_in_every_turn(
+    start_server: StartServer, sandbox: Path, start_method: str
+) -> None:
+    """An agent module that opens a file at import (its log file, a SQLite database, an
+    index) and uses it in its turns. A zygote forked from the serving process closed every
+    descriptor but its control socket, the agent's own included: the module's file object
+    then wrote to a closed descriptor, or into whatever had reused its number in the worker
+    (its event loop's, its job pipe). It keeps the agent's descriptors, and still none of
+    the server's (no socket but its control socket)."""
+    opened = sandbox / "opened-at-import.log"
+    server = start(start_server, sandbox, MOTUS_WORKER_START=start_method, AGENT_IMPORT_OPEN=str(opened))
+    for n in range(3):
+        body = turn(server, f"append line{n}")
+        assert body["status"] == "idle", body
+        assert body["response"]["content"].endswith(f": {opened}"), body["response"]["content"]
+    assert opened.read_text().split() == ["line0", "line1", "line2"]
+    zygote = the_zygote(server, warm=None)
+    targets = [os.readlink(f"/proc/{zygote.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote.pid}/fd")]
+    assert len([t for t in targets if t.startswith("socket:")]) == 1, targets
+
+
 def test_a_worker_holds_no_descriptor_of_its_zygote(shared: Server) -> None:
     """Its control socket and wake-up pipe stay in the zygote: an agent can neither ask for
     processes nor wake the zygote, and a sibling's job pipe is not reachable either."""

@@ -313,16 +313,27 @@ def web_chat_address(host: str, port: int) -> str:
     return f"http://{host}:{port}/ui/"
 
 
-def holds_secrets(values: Mapping[str, Any]) -> bool:
+def holds_secrets(values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
     """Whether a server built from these values holds something an agent must not read: an
     API key, a webhook secret, or a database URL with a password in it (whoever writes to
     the database answers interrupts). A URL without one grants nothing the agent's own user
     does not have (the password then comes from ``PGPASSWORD`` or ``~/.pgpass``, which the
-    agent's process sees either way)."""
+    agent's process sees either way).
+
+    The environment counts too, whatever the options chose: a forked zygote's workers can
+    read the server's original environment block (``MOTUS_STORE=postgresql://...:PASSWORD@``
+    beside ``--store memory`` is still there)."""
+    environ = os.environ if environ is None else environ
     if values.get("api_keys") or values.get("api_key_file") or values.get("webhook_secret"):
         return True
-    store = urlsplit(str(values.get("store") or ""))
-    return ":" in store.netloc.rpartition("@")[0] or "password" in parse_qs(store.query)
+    if environ.get(BY_NAME["api_keys"].env_var) or environ.get(BY_NAME["webhook_secret"].env_var):
+        return True
+    return any(_has_password(url) for url in (str(values.get("store") or ""), environ.get(BY_NAME["store"].env_var, "")))
+
+
+def _has_password(url: str) -> bool:
+    parts = urlsplit(url)
+    return ":" in parts.netloc.rpartition("@")[0] or "password" in parse_qs(parts.query)
 
 
 def build_server(agent: Any, values: Mapping[str, Any]) -> Any:

@@ -301,4 +301,19 @@ def test_the_readme_table_is_the_settings_table() -> None:
 def test_holds_secrets_names_what_an_agent_must_not_read(values: dict, secret: bool) -> None:
     """What decides whether the zygote may be forked from the serving process (whose memory
     and environment block its workers share) or must be a fresh interpreter."""
-    assert config.holds_secrets(values) is secret
+    assert config.holds_secrets(values, environ={}) is secret
+
+
+@pytest.mark.parametrize(
+    ("environ", "secret"),
+    [
+        ({"MOTUS_STORE": "postgresql://motus:pw@db.internal/motus"}, True),
+        ({"MOTUS_STORE": "memory"}, False),
+        ({"MOTUS_WEBHOOK_SECRET": "w"}, True),
+        ({"MOTUS_API_KEY": "alice=s3cret"}, True),
+        ({"MOTUS_STORE": "postgresql://postgres@127.0.0.1/motus"}, False),
+    ],
+)
+def test_a_secret_in_the_environment_counts_whatever_the_options_chose(environ: dict, secret: bool) -> None:
+    """The original environment block stays readable in /proc whatever the options override."""
+    assert config.holds_secrets({"store": "memory"}, environ=environ) is secret

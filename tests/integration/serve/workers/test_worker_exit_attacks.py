@@ -160,7 +160,7 @@ def test_what_the_exit_must_still_do_after_a_skipped_clean_up(start_server: Star
 
 def test_unflushed_prints_of_successful_turns_reach_the_server_log(start_server: StartServer, sandbox: Path) -> None:
     """stdout is block-buffered when it is a file or a pipe (no PYTHONUNBUFFERED, as in most
-    deployments); ``zygote._child`` flushes it before ``os._exit``. But the server closes a
+    deployments); ``zygote_process._child`` flushes it before ``os._exit``. But the server closes a
     worker's pipe as soon as it has read the Result, and when the child's loop sees that EOF
     before it stops, ``run_worker`` takes the pipe for a cancelled turn and SIGKILLs its own
     group. That kill now flushes first; before, about a third of such prints were lost."""

@@ -404,18 +404,15 @@ def get_session(session_id: str) -> Response:
     if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
         try:
             with _server().metrics.long_poll():
-                view = turns.wait(session_id, timeout)
+                turns.wait(session_id, timeout)  # until it changes; what it is then is read below
         finally:
             if waiters is not None:
                 waiters.release()
-    else:
-        view = turns.get(session_id)
+    view, live = turns.get_with_live(session_id)  # one moment: interrupts and steps agree
     response = _session_response(view)
-    if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
-        live = turns.live(session_id)
-        if live is not None:
-            turn_id, message, journal, started_at = live
-            response.turn = describe_turn(turn_id, message, journal, isoformat, started_at)
+    if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED) and live is not None:
+        turn_id, message, journal, started_at = live
+        response.turn = describe_turn(turn_id, message, journal, isoformat, started_at)
     return _json(response)
 
 

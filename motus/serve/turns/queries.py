@@ -41,16 +41,18 @@ class Queries:
     def live(self: Machine, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
         """A snapshot of the live turn (its id, message, journal and start time), or None
         when the session has no turn running or waiting."""
-        def live(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
-            turn = session.turn
-            if turn is None or turn.state is TurnState.ENDED:
-                return None
-            return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at
-
         try:
-            return self._read(session_id, live)
+            return self._read(session_id, _live_turn)
         except SessionNotFound:
             return None
+
+    def get_with_live(
+        self: Machine, session_id: str
+    ) -> tuple[SessionView, tuple[int, dict[str, Any], list[JournalEntry], float | None] | None]:
+        """The session's view and its live turn (``live``), read under one lock: the
+        interrupts a response lists and the steps it shows are of the same moment (read
+        apart, a step written after the last interrupt could show beside a list without it)."""
+        return self._read(session_id, lambda session: (session.view(), _live_turn(session)))
 
     def grants(self: Machine, session_id: str) -> dict[str, dict[str, Any]]:
         return self._read(session_id, lambda session: dict(session.grants))
@@ -122,3 +124,10 @@ class Queries:
 
         view = self.events.wait(session_id, check, timeout)
         return view if view is not None else self.get(session_id)
+
+
+def _live_turn(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
+    turn = session.turn
+    if turn is None or turn.state is TurnState.ENDED:
+        return None
+    return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at

@@ -23,6 +23,7 @@ from motus.serve.auth import ENV_VAR as ENV_VAR_API_KEY
 from motus.serve.config import LOG_LEVELS as LOG_LEVELS  # re-exported: their old home
 from motus.serve.config import RESERVED_THREADS as RESERVED_THREADS
 from motus.serve.config import web_chat_address as web_chat_address
+from motus.serve.zygote_process import flush_stdio
 
 
 def resolve_store(opts: dict[str, Any]) -> str:
@@ -227,11 +228,7 @@ def start(**opts: Any) -> None:
     # What the agent's import printed and Python still buffers: written now, once, or every
     # process forked from this one (the gunicorn worker, the zygote, each turn's worker)
     # would write its copy again when it ends.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # closed or replaced by the agent's import: nothing left to write
-            continue
+    flush_stdio()
     run_gunicorn(
         server_factory(opts),
         host=opts["host"],

@@ -35,8 +35,6 @@ from motus.serve.worker import worker_main
 #: ``fresh-zygote``: a zygote that is a fresh interpreter and imports the agent itself (for an
 #: agent whose import must not be inherited from the serving process).
 START_ENV_VAR = "MOTUS_WORKER_START"
-START_CHOICES = ("zygote", "fresh-zygote", "multiprocessing")
-
 
 #: Set in ``motus serve start``'s arbiter before gunicorn forks the serving process
 #: (``allow_early_zygote``); inherited by that fork.

@@ -883,9 +883,14 @@ def test_a_file_the_agent_opened_at_import_is_still_its_file_in_every_turn(
         assert body["status"] == "idle", body
         assert body["response"]["content"].endswith(f": {opened}"), body["response"]["content"]
     assert opened.read_text().split() == ["line0", "line1", "line2"]
-    zygote = the_zygote(server, warm=None)
-    targets = [os.readlink(f"/proc/{zygote.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote.pid}/fd")]
-    assert len([t for t in targets if t.startswith("socket:")]) == 1, targets
+    zygote = the_zygote(server)
+    # While it forks a warm process it briefly holds that process's end of a socketpair too
+    # (until the server has it): wait for a moment with no fork in flight.
+    def sockets() -> list[str]:
+        targets = [os.readlink(f"/proc/{zygote.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote.pid}/fd")]
+        return [t for t in targets if t.startswith("socket:")]
+
+    wait_until(lambda: len(sockets()) == 1, what="the zygote to hold only its control socket")
 
 
 def test_a_worker_holds_no_descriptor_of_its_zygote(shared: Server) -> None:

@@ -36,6 +36,7 @@ import pytest
 import requests
 
 from tests.support import launcher, pg
+from tests.support.processes import alive as _alive
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -248,13 +249,6 @@ class Instances(Server):
 
     def log(self) -> str:
         return "\n".join(path.read_text(errors="replace") for path in (self.log_path, *(o.log_path for o in self.others)))
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.processes import alive as _alive
+
 #: Seconds allowed for initdb, for the server to accept a connection, and for it to exit.
 INITDB_TIMEOUT = 120
 START_TIMEOUT = 60
@@ -313,11 +315,6 @@ def _pdeathsig() -> list[str]:
     return [setpriv, "--pdeathsig", "QUIT", "--"] if setpriv else []
 
 
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _world_searchable(path: Path) -> bool:

@@ -29,6 +29,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, free_port, launch, wait_until
+from tests.support.processes import alive as _alive
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls, tool_messages
 from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, resume, start_turn
@@ -100,11 +101,6 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def agent_processes(server: Server, sandbox: Path) -> list[int]:

@@ -30,8 +30,8 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
+from tests.support.processes import alive as _alive
 from tests.integration.serve.durability.test_durability import (
-    _alive,
     agent_env,
     agent_processes,
     health,

@@ -29,6 +29,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, Starter, server_factory, wait_until
+from tests.support.processes import alive
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, Reply, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import FILES, agent_env, kill_server, lines, resume_ok, wait_idle, wait_settled
@@ -311,7 +312,7 @@ def test_a_delete_on_another_instance_stops_the_owner_s_worker_mid_model_call_an
     wait_until(lambda: len(fake.requests) == 1, timeout=10, what="the model call")
     [worker] = [int(pid) for pid in lines(sandbox / "pids")]
     assert b.delete(f"/sessions/{sid}").status_code == 204
-    wait_until(lambda: not psutil_alive(worker), timeout=15, what="A to stop the deleted session's worker")
+    wait_until(lambda: not alive(worker), timeout=15, what="A to stop the deleted session's worker")
     held.set()
 
     for server in (a, b, c):
@@ -466,15 +467,6 @@ def test_the_paused_instance_does_not_go_on_with_a_turn_taken_over_while_it_was_
         assert len(receiver.requests) == 1, [r.path for r in receiver.requests]
     finally:
         receiver.close()
-
-
-def psutil_alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 # -- 5. the database going away ----------------------------------------------------------------

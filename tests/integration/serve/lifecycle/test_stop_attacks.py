@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import Server, wait_until
 from tests.integration.serve.durability.test_durability import health, resume_ok, store_url, wait_idle
 from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, start_turn
-from tests.integration.serve.workers.test_zygote import alive as _alive
+from tests.support.processes import alive as _alive
 from tests.integration.serve.workers.test_zygote import is_zygote, serving
 
 

@@ -26,6 +26,7 @@ from motus.serve.pool import Handle, WorkerPool
 from motus.serve.protocol import Failure, Job, Result
 from multiprocessing.reduction import ForkingPickler
 from tests.conftest import Server, wait_until
+from tests.support.processes import alive
 from tests.integration.serve.workers.test_zygote import (
     assert_no_500,
     finished,
@@ -216,8 +217,7 @@ def test_a_warm_process_dead_at_dispatch_is_reported_and_the_manager_goes_on(poo
         with pool._lock:
             warm = pool._warm[0]
         psutil.Process(warm.process.pid).kill()
-        wait_until(lambda: not psutil.pid_exists(warm.process.pid) or psutil.Process(warm.process.pid).status() == psutil.STATUS_ZOMBIE,
-                   timeout=5, what="the warm process to die")
+        wait_until(lambda: not alive(warm.process.pid), timeout=5, what="the warm process to die")
         warm.process.is_alive = lambda: True  # type: ignore[method-assign]  # the check ran before the kill
 
     launch_from_manager(pool, listener, [doomed, after], before=kill_the_next_warm_process)

@@ -36,6 +36,7 @@ import psutil
 import pytest
 
 from tests.conftest import Server, wait_until
+from tests.support.processes import alive
 from tests.integration.serve.approvals.test_hitl import interrupted, resume
 
 AGENT = "tests.agents.zygote:agent"
@@ -81,12 +82,6 @@ def shared(shared_server: StartServer, shared_sandbox: Path) -> Server:
     return start(shared_server, shared_sandbox)
 
 
-def alive(proc: psutil.Process) -> bool:
-    """Running and not a zombie (``is_running`` also checks the pid was not reused)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def serving(server: Server) -> psutil.Process:

@@ -27,6 +27,7 @@ Thread safety: one lock serialises every exchange with the template.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import select
@@ -58,12 +59,44 @@ PRELOAD = (
     "flask",
 )
 
+#: Imported too where installed (extras): what a server on a PostgreSQL store loads.
+PRELOAD_IF_INSTALLED = ("motus.serve.store.postgres", "psycopg", "psycopg_pool")
+
+#: Top-level packages whose modules act at import (test agents record pids, examples read
+#: their environment): never imported in the template, only by the server itself.
+NOT_PRELOADED = frozenset({"tests", "examples", "bench", "__future__"})
+
 _TEMPLATE = r"""
 import importlib, importlib.util, json, os, runpy, socket, sys
+
+import gc
 
 ctl = socket.socket(fileno=int(sys.argv[1]))
 for name in json.loads(sys.argv[2]):
     importlib.import_module(name)
+optional = json.loads(sys.argv[3])
+tried = set()
+
+
+# Import what a server is about to import (once per template: later servers inherit it),
+# then move every object out of the collector's reach, so a server's collections never
+# write to (and copy) the pages it shares with the template. A module that fails to import
+# here is left to the server, which imports it again and reports the failure itself.
+def preload(names):
+    for name in names:
+        if name in tried or name in sys.modules:
+            continue
+        tried.add(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue  # not installed here: the server's own import says so, if it needs it
+        except Exception as exc:
+            print(f"template: not preloaded: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    gc.freeze()
+
+
+preload(optional)
 main_path = importlib.util.find_spec("motus.__main__").origin
 ctl.sendall(b"ready")
 
@@ -111,6 +144,7 @@ while True:
     request = json.loads(message)
     if request["op"] == "start":
         [log_fd] = fds
+        preload(request["preload"])
         pid = os.fork()
         if pid == 0:
             ctl.close()
@@ -151,13 +185,37 @@ def server_roots() -> list[psutil.Process]:
     return roots
 
 
+def agent_imports(agent: str, root: Path) -> list[str]:
+    """The modules the agent's module imports at its top level (read from its source, never
+    run), but for those of ``NOT_PRELOADED`` packages: a framework agent's SDK (1-3 s of CPU
+    to import) is then imported once per template instead of once per server."""
+    module = agent.partition(":")[0]
+    base = root.joinpath(*module.split("."))
+    source = next((path for path in (base.with_suffix(".py"), base / "__init__.py") if path.is_file()), None)
+    if source is None:
+        return []
+    try:
+        tree = ast.parse(source.read_text())
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return []  # the server reports it
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return [name for name in names if name.partition(".")[0] not in NOT_PRELOADED]
+
+
 def start(args: list[str], log_path: Path, env: dict[str, str], cwd: Path, base_env: dict[str, str]) -> TemplateProcess:
     """Fork ``python -m motus *args`` with environment ``env`` from the template, which is
-    started on first use with ``base_env`` (what every server's environment has in common)."""
+    started on first use with ``base_env`` (what every server's environment has in common).
+    ``args[2]`` is the agent (``serve start AGENT ...``): its module's imports are preloaded."""
     with _lock:
         proc, ctl = _running(base_env)
         with open(log_path, "w") as log_file:
-            request = {"op": "start", "args": args, "env": env, "cwd": str(cwd)}
+            preload = agent_imports(args[2], cwd) if args[:2] == ["serve", "start"] and len(args) > 2 else []
+            request = {"op": "start", "args": args, "env": env, "cwd": str(cwd), "preload": preload}
             socket.send_fds(ctl, [json.dumps(request).encode()], [log_file.fileno()])
         message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 1)
         if not message or len(fds) != 1:
@@ -183,7 +241,7 @@ def _running(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], socket.socke
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # "motus serve start" at the end: the tests find a server's processes by that command line.
     proc = subprocess.Popen(
-        [sys.executable, "-c", _TEMPLATE, str(theirs.fileno()), json.dumps(PRELOAD), "motus", "serve", "start"],
+        [sys.executable, "-c", _TEMPLATE, str(theirs.fileno()), json.dumps(PRELOAD), json.dumps(PRELOAD_IF_INSTALLED), "motus", "serve", "start"],
         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     theirs.close()

@@ -620,9 +620,17 @@ def test_reconnecting_to_another_instance_with_the_last_event_id_just_seen_is_ne
         b = serve(start_server, "tests.agents:echo", pg_url)
         c = serve(start_server, "tests.agents:echo", pg_url)
     problems = []
-    # Bursts of sessions created on B keep C's listener busy reading them in; the client
-    # reconnects meanwhile.
-    burst = [threading.Thread(target=lambda: [b.create_session() for _ in range(150)]) for _ in range(8)]
+    # Sessions created on B in bursts keep C's listener busy reading them in while the client
+    # reconnects; the bursts go on until the last attempt (up to 150 sessions each).
+    attempts_done = threading.Event()
+
+    def keep_creating() -> None:
+        for _ in range(150):
+            if attempts_done.is_set():
+                return
+            b.create_session()
+
+    burst = [threading.Thread(target=keep_creating) for _ in range(8)]
     for thread in burst:
         thread.start()
     try:
@@ -639,6 +647,7 @@ def test_reconnecting_to_another_instance_with_the_last_event_id_just_seen_is_ne
             finally:
                 stream.close()
     finally:
+        attempts_done.set()
         for thread in burst:
             thread.join(timeout=120)
     assert not problems, problems

@@ -7,13 +7,16 @@ API), which records every request. What the tools did is counted on disk in a sa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("anthropic", reason="needs the anthropic package: pip install 'motus[anthropic]'")
+# Whether the package is installed, found without importing it: an import here would cost
+# every test process 1-3 s of CPU at collection, where only the servers need the SDK.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("anthropic") is None, reason="needs the anthropic package: pip install 'motus[anthropic]'")
 
 from tests.conftest import Server  # noqa: E402
 from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture

@@ -8,13 +8,16 @@ told. What the tools did is counted on disk in a sandbox directory.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("agents", reason="needs the openai-agents package: pip install 'motus[openai-agents]'")
+# Whether the package is installed, found without importing it: an import here would cost
+# every test process 1-3 s of CPU at collection, where only the servers need the SDK.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("agents") is None, reason="needs the openai-agents package: pip install 'motus[openai-agents]'")
 
 from tests.conftest import Server  # noqa: E402
 from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture

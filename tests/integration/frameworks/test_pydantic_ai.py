@@ -8,13 +8,16 @@ disk in a sandbox directory.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai package: pip install 'motus[pydantic-ai]'")
+# Whether the package is installed, found without importing it: an import here would cost
+# every test process 1-3 s of CPU at collection, where only the servers need the SDK.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("pydantic_ai") is None, reason="needs the pydantic-ai package: pip install 'motus[pydantic-ai]'")
 
 from tests.conftest import Server  # noqa: E402
 from tests.support.fakes.fixtures import fake_provider  # noqa: E402,F401 - fixture

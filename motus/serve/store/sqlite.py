@@ -17,8 +17,15 @@ Guarantees:
   long history writes only what it added (``SessionRecord.kept``), not the whole history
   again. A file from an earlier version is converted when it is opened, in one transaction.
 
+- Writes commit in groups (``motus.serve.store.group_commit``): what concurrent requests
+  hand the store while a commit is on its way to the disk goes into the next transaction
+  together, one fsync for all of them, each write still in its own savepoint (one that
+  fails is rolled back alone). A caller returns only once its write is committed.
+
 Threads: one connection, shared, with every use under ``_lock`` (SQLite serialises writers
-anyway); statements are short and never wait on anything but the disk.
+anyway). A write runs on the thread that leads its group commit (its own, when no other
+commit is under way); reads run on the caller's thread. Statements never wait on anything
+but the disk.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from motus.durable.records import JournalEntry
+from motus.serve.store.group_commit import GroupCommitter
 from motus.serve.store.base import (
     EVENTS_KEPT,
     RECENT_EVENTS,
@@ -133,6 +141,7 @@ class SqliteStore(Store):
         self.synchronous = "NORMAL" if synchronous == "normal" else "FULL"
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._committer: GroupCommitter | None = None  # writes, from open() to close()
         self._lock_fd: int | None = None
 
     # -- opening ---------------------------------------------------------------------
@@ -149,6 +158,8 @@ class SqliteStore(Store):
         except BaseException:
             self._release()
             raise
+        assert self._conn is not None
+        self._committer = GroupCommitter(self._conn, self._lock)
 
     def _claim(self) -> None:
         """flock the database file itself (SQLite's own locks are fcntl locks, which flock
@@ -256,6 +267,9 @@ class SqliteStore(Store):
             raise
 
     def close(self) -> None:
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            committer.close()  # what was handed to it is committed first
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -268,6 +282,12 @@ class SqliteStore(Store):
         if self._conn is None:
             raise StoreError(f"Store {self.url} is closed")
         return self._conn
+
+    def _writer(self) -> GroupCommitter:
+        committer = self._committer
+        if committer is None:
+            raise StoreError(f"Store {self.url} is closed")
+        return committer
 
     def load(self) -> Iterator[SessionRecord]:
         with self._lock:
@@ -314,41 +334,35 @@ class SqliteStore(Store):
         turn = record.turn
         turn_text = turn_json(turn)
         grants = dump_json(record.grants) if record.grants else None
-        with self._lock:
-            db = self._db()
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                if record.state is None:
-                    db.execute(
-                        "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
-                        "grants = ? WHERE session_id = ?",
-                        (record.status, dump_json(record.response), record.error, record.turn_id, record.touched,
-                         turn_text, grants, record.session_id),
-                    )
-                else:
-                    db.execute(
-                        "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
-                        "turn, grants) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?)",
-                        (record.session_id, record.status, dump_json(record.response), record.error,
-                         record.turn_id, record.touched, turn_text, grants),
-                    )
-                    self._put_history(db, record.session_id, record.state, record.kept)
-                if turn is None:
-                    db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
-                else:
-                    db.execute("DELETE FROM journal WHERE session_id = ? AND turn_id <> ?", (record.session_id, turn.turn_id))
-                    self._put_entries(db, record.session_id, turn.turn_id, entries)
-                db.executemany(
-                    "INSERT INTO audit (session_id, kind, at, by, data) VALUES (?, ?, ?, ?, ?)",
-                    [(a.session_id, a.kind, a.at, a.by, dump_json(a.data)) for a in audit],
+
+        def write(db: sqlite3.Connection) -> int:
+            if record.state is None:
+                db.execute(
+                    "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
+                    "grants = ? WHERE session_id = ?",
+                    (record.status, dump_json(record.response), record.error, record.turn_id, record.touched,
+                     turn_text, grants, record.session_id),
                 )
-                last = self._put_events(db, events)
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
-            self._recent.extend(events)
-        return last
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
+                    "turn, grants) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?)",
+                    (record.session_id, record.status, dump_json(record.response), record.error,
+                     record.turn_id, record.touched, turn_text, grants),
+                )
+                self._put_history(db, record.session_id, record.state, record.kept)
+            if turn is None:
+                db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
+            else:
+                db.execute("DELETE FROM journal WHERE session_id = ? AND turn_id <> ?", (record.session_id, turn.turn_id))
+                self._put_entries(db, record.session_id, turn.turn_id, entries)
+            db.executemany(
+                "INSERT INTO audit (session_id, kind, at, by, data) VALUES (?, ?, ?, ?, ?)",
+                [(a.session_id, a.kind, a.at, a.by, dump_json(a.data)) for a in audit],
+            )
+            return self._put_events(db, events)
+
+        return self._writer().submit(write, lambda _last: self._recent.extend(events))
 
     @staticmethod
     def _put_history(db: sqlite3.Connection, session_id: str, state: list, kept: int) -> None:
@@ -364,15 +378,7 @@ class SqliteStore(Store):
         _put_messages(db, session_id, kept, state[kept:])
 
     def save_entries(self, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
-        with self._lock:
-            db = self._db()
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                self._put_entries(db, session_id, turn_id, entries)
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
+        self._writer().submit(lambda db: self._put_entries(db, session_id, turn_id, entries))
 
     @staticmethod
     def _put_entries(db: sqlite3.Connection, session_id: str, turn_id: int, entries: Sequence[JournalEntry]) -> None:
@@ -401,21 +407,14 @@ class SqliteStore(Store):
         return events[-1].seq if events else 0
 
     def delete(self, session_id: str, events: Sequence[Event] = ()) -> int:
-        with self._lock:
-            db = self._db()
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                db.execute("DELETE FROM journal WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM audit WHERE session_id = ?", (session_id,))
-                last = self._put_events(db, events)
-                db.execute("COMMIT")
-            except BaseException:
-                _rollback(db)
-                raise
-            self._recent.extend(events)
-        return last
+        def write(db: sqlite3.Connection) -> int:
+            db.execute("DELETE FROM journal WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM audit WHERE session_id = ?", (session_id,))
+            return self._put_events(db, events)
+
+        return self._writer().submit(write, lambda _last: self._recent.extend(events))
 
     def events_after(self, after: int, session_id: str | None = None, limit: int = 500) -> list[Event]:
         with self._lock:

@@ -9,7 +9,8 @@ import json
 import os
 import random
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from motus.serve.store import (
     store_from_url,
 )
 from motus.serve.store.sqlite import SqliteStore
+from tests.conftest import wait_until
 from tests.unit.serve.store.records import MESSAGE, MODEL_CALL, PENDING, REPLY, live_turn, session
 
 
@@ -333,3 +335,103 @@ def test_a_version_2_file_has_its_histories_moved_to_rows_once(db_path: Path) ->
     assert {r.session_id: r.state for r in reopen_path(db_path)} == loaded
     with closing(sqlite3.connect(db_path)) as conn:
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
+
+
+# -- group commit: concurrent writes share a transaction ----------------------------------------
+
+
+def queued_behind_the_lock(store: SqliteStore, writes: list, then: Callable[[], object] | None = None) -> list[threading.Thread]:
+    """Run ``writes`` (callables) on threads while the test holds the store's connection
+    lock: the first leads (takes its write and waits for the lock), the others queue up;
+    ``then()`` runs once they have, still under the lock. Returns the joined threads."""
+    committer = store._committer
+    assert committer is not None
+    threads = [threading.Thread(target=write) for write in writes]
+    with store._lock:
+        taken = committer.taken
+        threads[0].start()
+        wait_until(lambda: committer.taken == taken + 1, what="the first write's thread to lead")
+        for thread in threads[1:]:
+            thread.start()
+        wait_until(lambda: len(committer._queue) == len(writes) - 1, what="the other writes to queue up")
+        if then is not None:
+            then()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    return threads
+
+
+def test_writes_handed_over_while_a_commit_is_under_way_commit_together(opened: SqliteStore) -> None:
+    """Twenty saves from twenty threads: the first commits alone (it was being committed when
+    the others came), the nineteen others in one transaction, one fsync; each caller returns
+    once its own write is on disk, and its events get seqs in the order the writes ran."""
+    committer = opened._committer
+    assert committer is not None
+    before = committer.batches
+    seqs: dict[str, int] = {}
+
+    def save(n: int) -> None:
+        seqs[f"s{n}"] = opened.save(session(f"s{n}"), events=[Event(f"s{n}", "status", {"n": n}, at=0.0)])
+
+    queued_behind_the_lock(opened, [lambda n=n: save(n) for n in range(20)])
+    assert committer.batches - before == 2
+    assert sorted(seqs.values()) == list(range(1, 21))
+    assert {r.session_id for r in reopen(opened)} == {f"s{n}" for n in range(20)}
+
+
+def test_a_write_that_fails_in_a_group_is_rolled_back_alone(opened: SqliteStore) -> None:
+    """A failing write shares a transaction with good ones: its caller gets its error, its
+    rows and events are not kept, the others' are, and the seqs have no hole."""
+    results: dict[str, object] = {}
+
+    def save(name: str) -> None:
+        results[name] = opened.save(session(name), events=[Event(name, "status", {}, at=0.0)])
+
+    def bad() -> None:
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO sessions (session_id, status, state, turn_id, touched) VALUES ('bad', 'idle', '', 0, 0)")
+            db.execute("INSERT INTO no_such_table VALUES (1)")
+
+        try:
+            opened._writer().submit(write)
+        except sqlite3.OperationalError as exc:
+            results["bad"] = exc
+
+    queued_behind_the_lock(opened, [lambda: save("first"), lambda: save("a"), bad, lambda: save("b")])
+    assert isinstance(results["bad"], sqlite3.OperationalError) and "no_such_table" in str(results["bad"])
+    assert {r.session_id for r in reopen(opened)} == {"first", "a", "b"}
+    assert sorted(results[name] for name in ("first", "a", "b")) == [1, 2, 3]  # type: ignore[type-var]
+
+
+def test_close_commits_what_was_handed_over_and_then_refuses(db_path: Path) -> None:
+    """``close`` while five writes wait on a commit: all five are committed before it
+    returns, and a later write is refused."""
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    committer = store._committer
+    assert committer is not None
+    errors: list[BaseException] = []
+    closing = threading.Thread(target=store.close)
+
+    def save(name: str) -> None:
+        try:
+            store.save(session(name))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def close_meanwhile() -> None:
+        closing.start()
+        wait_until(lambda: committer._closing, what="close to begin")
+
+    queued_behind_the_lock(store, [lambda n=n: save(f"s{n}") for n in range(5)], then=close_meanwhile)
+    closing.join(10)
+    assert not errors and not closing.is_alive() and not committer._leading
+    with pytest.raises(StoreError, match="is closed"):
+        store.save(session("late"))
+    fresh = SqliteStore(store.url, store.path)
+    fresh.open()
+    try:
+        assert {r.session_id for r in fresh.load()} == {f"s{n}" for n in range(5)}
+    finally:
+        fresh.close()

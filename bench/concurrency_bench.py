@@ -1,0 +1,178 @@
+"""Many clients at once: gated cycles a second against each store, side by side (issue 27).
+
+A *gated cycle* is what one person approving a tool call costs the server: send a message,
+long-poll until the turn is ``interrupted``, approve, long-poll until it is ``idle``. Each
+client runs cycles back to back on a session of its own. The agent is
+``bench.agents:approve_once`` (one interrupt a turn).
+
+Run from the repository root on an otherwise idle machine::
+
+    python bench/concurrency_bench.py                            # sqlite vs memory, 1/8/32 clients
+    python bench/concurrency_bench.py --clients 8 --seconds 6 --slices 4
+    python bench/concurrency_bench.py --root /tmp/before:before --root .:after --stores sqlite
+
+Every configuration (a checkout and a store) gets its own server (``--workers 2``, the
+default options otherwise; SQLite in a file of its own with the default ``synchronous=full``).
+For each number of clients the configurations take turns in slices of ``--seconds`` (the
+order flips every slice), so all of them see the same machine: this VM's speed drifts by a
+third within minutes. Per configuration and client count: cycles a second, the median and
+90th percentile of each phase (send, until interrupted, approve, until idle), and the CPU
+of the server tree per cycle, counted over its own slices only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.durable_bench import Http, Served, kill_all, report_log, table  # noqa: E402
+from bench.serve_bench import ms, pct, tree_cpu  # noqa: E402
+
+AGENT = "bench.agents:approve_once"
+PHASES = ("send", "interrupted", "approve", "idle")
+
+
+@dataclass
+class Tally:
+    """What one configuration did at one client count, over all of its slices."""
+
+    cycles: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
+    phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+
+
+def cycle(http: Http, sid: str, out: dict[str, list[float]], message: str = "go") -> None:
+    """One gated cycle on ``sid``; appends each phase's seconds to ``out``."""
+    t0 = time.perf_counter()
+    http.call("POST", f"/sessions/{sid}/messages", {"content": message})
+    t1 = time.perf_counter()
+    body = http.call("GET", f"/sessions/{sid}?wait=true&timeout=30")
+    if body["status"] != "interrupted":
+        raise RuntimeError(f"expected interrupted, got {body['status']}: {body}")
+    t2 = time.perf_counter()
+    http.call("POST", f"/sessions/{sid}/resume", {"interrupt_id": body["interrupts"][0]["interrupt_id"], "value": {"approved": True}})
+    t3 = time.perf_counter()
+    done = http.call("GET", f"/sessions/{sid}?wait=true&timeout=30")
+    if done["status"] != "idle":
+        raise RuntimeError(f"expected idle, got {done['status']}: {done}")
+    t4 = time.perf_counter()
+    for name, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+        out[name].append(seconds)
+
+
+def run_slice(served: Served, sessions: list[str], seconds: float, tally: Tally, message: str = "go") -> None:
+    """Every client runs cycles on its own session until ``seconds`` have passed; a cycle
+    started before the end is finished and counted."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    results: list[dict[str, list[float]]] = [{p: [] for p in PHASES} for _ in sessions]
+
+    def client(index: int) -> None:
+        http = Http(served.port)
+        try:
+            while not stop.is_set():
+                cycle(http, sessions[index], results[index], message)
+        except BaseException as exc:  # reported after the slice: a bench must not hide failures
+            errors.append(exc)
+        finally:
+            http.close()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(sessions))]
+    cpu0 = tree_cpu(served.process.pid)
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(120)
+    tally.seconds += time.perf_counter() - started
+    tally.cpu += tree_cpu(served.process.pid) - cpu0
+    if errors:
+        raise RuntimeError(f"{served.name}: {len(errors)} clients failed; first: {errors[0]!r}")
+    for result in results:
+        tally.cycles += len(result["idle"])
+        for name in PHASES:
+            tally.phases[name].extend(result[name])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts (default 1,8,32)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of one slice (default 5)")
+    parser.add_argument("--slices", type=int, default=4, help="slices per configuration and client count (default 4)")
+    parser.add_argument("--stores", default="sqlite,memory", help="comma-separated: sqlite, memory (default both)")
+    parser.add_argument("--root", action="append", default=[], metavar="PATH[:LABEL]",
+                        help="a checkout to serve from (repeatable; default this one)")
+    parser.add_argument("--arg", action="append", default=[], help="an extra server option (repeatable)")
+    parser.add_argument("--agent", default=AGENT, help=f"the agent served (default {AGENT}); it must interrupt once a turn")
+    parser.add_argument("--message", default="go", help="what each cycle sends (default: go)")
+    opts = parser.parse_args()
+    counts = [int(n) for n in opts.clients.split(",")]
+    roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1] if ":" in r else Path(r).name) for r in opts.root] or [(ROOT, "this")]
+    stores = opts.stores.split(",")
+
+    print(f"concurrency_bench: {os.cpu_count()} CPUs, clients {counts}, {opts.slices} slices of {opts.seconds:g} s each")
+    with tempfile.TemporaryDirectory(prefix="motus-concurrency-") as tmp:
+        servers: dict[str, Served] = {}
+        try:
+            for root, label in roots:
+                for store in stores:
+                    name = f"{label}-{store}" if len(roots) > 1 else store
+                    url = f"sqlite:///{tmp}/{name}.db" if store == "sqlite" else "memory"
+                    servers[name] = Served(name, "--workers", "2", "--store", url, *opts.arg, agent=opts.agent, root=root, log="concurrency")
+            names = list(servers)
+            tallies = {(name, n): Tally() for name in names for n in counts}
+            for n in counts:
+                sessions = {name: [servers[name].http.call("POST", "/sessions", {})["session_id"] for _ in range(n)] for name in names}
+                for name in names:  # one untimed cycle each: first-time costs out of the figures
+                    run_slice(servers[name], sessions[name][:1], 0.0, Tally(), opts.message)
+                for index in range(opts.slices):
+                    order = names if index % 2 == 0 else names[::-1]
+                    for name in order:
+                        run_slice(servers[name], sessions[name], opts.seconds, tallies[(name, n)], opts.message)
+                print(f"  {n} clients done")
+            rows = []
+            for n in counts:
+                for name in names:
+                    t = tallies[(name, n)]
+                    rate = t.cycles / t.seconds if t.seconds else 0.0
+                    rows.append((
+                        n, name, f"{rate:.1f}",
+                        *(f"{ms(pct(t.phases[p], 0.5))} / {ms(pct(t.phases[p], 0.9))}" for p in PHASES),
+                        f"{t.cpu / t.cycles * 1000:.1f} ms" if t.cycles else "-",
+                    ))
+            print()
+            table(("clients", "server", "cycles/s", *(f"{p} p50/p90" for p in PHASES), "server CPU/cycle"), rows)
+            for n in counts[1:]:
+                for name in names:
+                    one = tallies[(name, counts[0])]
+                    many = tallies[(name, n)]
+                    if one.cycles and many.cycles:
+                        print(f"  {name}: {n} clients / {counts[0]} = {(many.cycles / many.seconds) / (one.cycles / one.seconds):.2f}x")
+            if "sqlite" in stores and "memory" in stores:
+                for root, label in roots:
+                    prefix = f"{label}-" if len(roots) > 1 else ""
+                    for n in counts:
+                        s, m = tallies[(prefix + "sqlite", n)], tallies[(prefix + "memory", n)]
+                        if s.cycles and m.cycles:
+                            print(f"  {prefix}sqlite / {prefix}memory at {n} clients: {(s.cycles / s.seconds) / (m.cycles / m.seconds):.2f}")
+        finally:
+            for served in servers.values():
+                served.stop()
+                report_log(served)
+            kill_all()
+
+
+if __name__ == "__main__":
+    main()

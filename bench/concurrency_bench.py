@@ -10,6 +10,12 @@ Run from the repository root on an otherwise idle machine::
     python bench/concurrency_bench.py                            # sqlite vs memory, 1/8/32 clients
     python bench/concurrency_bench.py --clients 8 --seconds 6 --slices 4
     python bench/concurrency_bench.py --root /tmp/before:before --root .:after --stores sqlite
+    python bench/concurrency_bench.py --only store --root /tmp/before:before --root .:after
+
+``--only store`` measures the SQLite store alone, no server: 1, 8 and 32 threads saving an
+interrupted session with its journal entry and event (what a turn's transition writes) for
+``--seconds`` each, the checkouts taking turns; per checkout and thread count, saves a
+second, CPU per save and, where the store commits in groups, writes per commit.
 
 Every configuration (a checkout and a store) gets its own server (``--workers 2``, the
 default options otherwise; SQLite in a file of its own with the default ``synchronous=full``).
@@ -106,6 +112,71 @@ def run_slice(served: Served, sessions: list[str], seconds: float, tally: Tally,
             tally.phases[name].extend(result[name])
 
 
+_STORE_SCRIPT = r"""
+import json, resource, sys, tempfile, threading, time
+from motus.serve.store import Event
+from motus.serve.store.sqlite import SqliteStore
+from tests.unit.serve.store.records import PENDING, live_turn, session
+threads, seconds = int(sys.argv[1]), float(sys.argv[2])
+with tempfile.TemporaryDirectory() as folder:
+    store = SqliteStore(f"sqlite:///{folder}/bench.db", f"{folder}/bench.db")
+    store.open()
+    counts = [0] * threads
+    start = threading.Barrier(threads + 1)
+    def run(index):
+        start.wait()
+        while time.perf_counter() < stop:
+            store.save(session(f"s{index}", turn=live_turn(), state=None), entries=[PENDING],
+                       events=[Event(f"s{index}", "status", {"status": "interrupted"}, at=0.0)])
+            counts[index] += 1
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    began = time.perf_counter()
+    stop = began + seconds
+    start.wait()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    committer = getattr(store, "_committer", None)
+    print(json.dumps({"saves": sum(counts), "seconds": elapsed,
+                      "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+                      "batches": committer.batches if committer else None, "writes": committer.writes if committer else None}))
+    store.close()
+"""
+
+
+def bench_store(roots: list[tuple[Path, str]], counts: list[int], seconds: float, slices: int) -> None:
+    """Saves a second from ``counts`` threads on one SQLite store, each checkout in turn."""
+    import json
+    import subprocess
+
+    totals: dict[tuple[str, int], dict[str, float]] = {}
+    for n in counts:
+        for index in range(slices):
+            for root, label in roots if index % 2 == 0 else roots[::-1]:
+                env = dict(os.environ, PYTHONPATH=str(root))
+                out = subprocess.run([sys.executable, "-c", _STORE_SCRIPT, str(n), str(seconds)], cwd=root, env=env,
+                                     capture_output=True, text=True, check=True).stdout
+                got = json.loads(out.strip().splitlines()[-1])
+                total = totals.setdefault((label, n), {"saves": 0, "seconds": 0.0, "cpu": 0.0, "batches": 0, "writes": 0})
+                for key in ("saves", "seconds", "cpu"):
+                    total[key] += got[key]
+                if got["batches"] is not None:
+                    total["batches"] += got["batches"]
+                    total["writes"] += got["writes"]
+    rows = []
+    for n in counts:
+        for _root, label in roots:
+            t = totals[(label, n)]
+            grouped = f"{t['writes'] / t['batches']:.1f}" if t["batches"] else "(one each)"
+            rows.append((n, label, f"{t['saves'] / t['seconds']:.0f}", f"{t['cpu'] / t['saves'] * 1000:.3f} ms", grouped))
+    print()
+    table(("threads", "checkout", "saves/s", "CPU a save", "writes a commit"), rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts (default 1,8,32)")
@@ -117,10 +188,15 @@ def main() -> None:
     parser.add_argument("--arg", action="append", default=[], help="an extra server option (repeatable)")
     parser.add_argument("--agent", default=AGENT, help=f"the agent served (default {AGENT}); it must interrupt once a turn")
     parser.add_argument("--message", default="go", help="what each cycle sends (default: go)")
+    parser.add_argument("--only", choices=["cycles", "store"], default="cycles", help="gated cycles over HTTP (default) or the SQLite store alone")
     opts = parser.parse_args()
     counts = [int(n) for n in opts.clients.split(",")]
     roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1] if ":" in r else Path(r).name) for r in opts.root] or [(ROOT, "this")]
     stores = opts.stores.split(",")
+    if opts.only == "store":
+        print(f"concurrency_bench --only store: {os.cpu_count()} CPUs, threads {counts}, {opts.slices} runs of {opts.seconds:g} s each")
+        bench_store(roots, counts, opts.seconds, opts.slices)
+        return
 
     print(f"concurrency_bench: {os.cpu_count()} CPUs, clients {counts}, {opts.slices} slices of {opts.seconds:g} s each")
     with tempfile.TemporaryDirectory(prefix="motus-concurrency-") as tmp:

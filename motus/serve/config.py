@@ -182,6 +182,11 @@ SETTINGS: tuple[Setting, ...] = (
         "End the process of a turn that has waited on a person this long; a resume replays it (default: 30 with a durable store, never with memory).",
         cli_env=True, metavar="SECONDS|never", shown="30 (durable store), never (memory)",
     ),
+    Setting(
+        "max_live_turns", "--max-live-turns", click.IntRange(0), None,
+        "Turns waiting on a person that keep their process (about 3 MiB each); past it the longest-waiting park at once instead of after --park-after; 0 = no budget (default: 4 per worker, at least 8).",
+        cli_env=True, metavar="N", shown="4 per worker, at least 8",
+    ),
     Setting("allow_custom_ids", "--allow-custom-ids", click.BOOL, False, "Allow PUT /sessions/{id} with a client-chosen UUID.", kind="flag"),
     Setting("log_level", "--log-level", click.Choice(LOG_LEVELS, case_sensitive=False), "info", "Lowest level of log lines written.", keyword=None),
     Setting("ui", "--no-ui", click.BOOL, True, "Do not serve the web chat at /ui/.", env="MOTUS_UI", kind="flag", negated=True),
@@ -268,6 +273,13 @@ def read_key_file(path: str | None) -> list[str]:
     if not keys:
         raise ConfigError(f"--api-key-file {path} holds no key")
     return keys
+
+
+def default_live_turns(workers: int) -> int:
+    """``--max-live-turns`` when not given: 4 waiting turns per compute slot, at least 8. A
+    waiting turn's process costs about 3 MiB; a parked one a few rows, and its resume a
+    replay (about 9 ms here), so the budget only needs to cover answers given quickly."""
+    return max(8, 4 * workers)
 
 
 def stream_budget(threads: int, max_streams: int) -> int:

@@ -23,7 +23,7 @@ from flask import Flask
 from motus.serve.agents import agent_blob, check_agent, load_agent
 from motus.serve.auth import ENV_VAR as API_KEY_ENV_VAR
 from motus.serve.auth import ApiKeys, is_loopback
-from motus.serve.config import BY_NAME, DEFAULTS, DURABLE_PARK_AFTER, PARK_BY_STORE, stream_budget, waiter_budget
+from motus.serve.config import BY_NAME, DEFAULTS, DURABLE_PARK_AFTER, PARK_BY_STORE, default_live_turns, stream_budget, waiter_budget
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
 from motus.serve.metrics import ServerMetrics
@@ -66,6 +66,9 @@ class AgentServer:
     ``sqlite:///.motus/<module>.<attr>.sqlite3`` for an import path, memory for an object.
     ``park_after``: seconds a turn waits on a person before its process is ended (``None``
     = never); the default is 30 s with a durable store and never with ``memory``.
+    ``max_live_turns``: turns waiting on a person that keep their process; past it the
+    longest-waiting park at once (a burst of approvals costs rows, not a process each); 0 =
+    no budget; the default is ``default_live_turns(max_workers)``. Only where turns park.
     ``threads``: the request threads it is served with; event streams get at most
     ``max_streams`` of them and long polls what is left (``max_waiters``, unless given; 0 =
     no cap), keeping ``config.RESERVED_THREADS`` for resumes and health checks. Every
@@ -91,6 +94,7 @@ class AgentServer:
         max_waiters: int | None = None,
         store: str | Store | None = DEFAULTS["store"],
         park_after: float | None | str = DEFAULTS["park_after"],
+        max_live_turns: int | None = DEFAULTS["max_live_turns"],
         lease_seconds: float = DEFAULTS["lease_seconds"],
         host: str = DEFAULTS["host"],
         allowed_hosts: list[str] | None = None,
@@ -134,6 +138,9 @@ class AgentServer:
         if park_after == PARK_BY_STORE:
             park_after = DEFAULT_PARK_AFTER if self.store.durable else None
         self.park_after: float | None = park_after  # type: ignore[assignment]
+        if max_live_turns is None:
+            max_live_turns = default_live_turns(self.max_workers)
+        self.max_live_turns = max_live_turns
         self.events = Events()
         #: The address the server is bound to: a loopback-bound server accepts only loopback
         #: Host names (plus ``allowed_hosts``), and its webhooks may reach private networks.
@@ -151,6 +158,7 @@ class AgentServer:
             max_workers=self.max_workers,
             timeout=timeout,
             park_after=self.park_after,
+            max_live_turns=self.max_live_turns,
             max_sessions=max_sessions,
             ttl=ttl,
             max_interrupts=max_interrupts,

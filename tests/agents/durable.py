@@ -115,6 +115,13 @@ async def gather_now(message: ChatMessage, state: list[ChatMessage]):
     return _reply(message, state, f"a={a!r} b={b!r}")
 
 
+async def one_gate(message: ChatMessage, state: list[ChatMessage]):
+    """One interrupt; writes ``<pid> <content>`` to ``gates`` each time the turn (re)starts."""
+    _append("gates", f"{os.getpid()} {message.content}")
+    value = await interrupt({"type": "ok", "turn": message.content})
+    return _reply(message, state, f"{message.content}: {value!r}")
+
+
 # -- non-determinism ---------------------------------------------------------------------
 
 

@@ -93,12 +93,16 @@ class Machine:
         max_interrupts: int = 0,
         on_end: Callable[[TurnEnd], None] = lambda end: None,
         clock: Callable[[], float] = time.time,
+        max_live_turns: int = 0,
     ) -> None:
         self.store = store
         self.events = events
         self.max_workers = max_workers
         self.timeout = timeout
         self.park_after = park_after
+        #: Turns waiting on a person that keep their process (0: no budget, only park_after);
+        #: past it the longest-waiting park at once. Only where turns park (park_after set).
+        self.max_live_turns = max_live_turns
         self.max_sessions = max_sessions
         self.ttl = ttl
         self.max_interrupts = max_interrupts
@@ -535,6 +539,7 @@ class Machine:
         after.publish.append(session.session_id)
         if self.park_after is not None:
             self.timers.schedule(time.monotonic() + max(self.park_after, PARK_SETTLE_SECONDS), "park", turn, monotonic=True)
+            after.budget = bool(self.max_live_turns)
 
     def _end_locked(
         self,
@@ -627,7 +632,9 @@ class Machine:
 
     def _finish(self, after: After) -> None:
         """Do what a transition decided, with no session lock held: pool actions, slot
-        release, queueing, publishing, webhooks."""
+        release, queueing, publishing, webhooks, the live-turn budget."""
+        if after.budget:
+            self._park_over_budget()
         pool = self.pool
         if pool is not None:
             for handle in after.kill:
@@ -663,6 +670,23 @@ class Machine:
     ) -> None:
         self._commit(lambda: self.store.save(record, entries, events, audit))
         session.version = record.version
+
+    def _park_over_budget(self) -> None:
+        """More turns wait on a person with a process than ``max_live_turns``: the ones
+        waiting longest (whose worker was heard from least recently) park now instead of
+        after ``park_after``. Read without their locks, so only a choice: ``_park`` looks at
+        each again under its lock (and still lets its worker settle)."""
+        waiting = [
+            turn for session in self._all()
+            if (turn := session.turn) is not None and turn.state is TurnState.WAITING and turn.handle is not None
+        ]
+        excess = len(waiting) - self.max_live_turns
+        if excess <= 0:
+            return
+        waiting.sort(key=lambda turn: turn.last_heard)
+        now = time.monotonic()
+        for turn in waiting[:excess]:
+            self.timers.schedule(now, "park now", turn, monotonic=True)
 
     @staticmethod
     def _commit(write: Callable[[], object]) -> None:

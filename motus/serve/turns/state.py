@@ -334,6 +334,7 @@ class After:
     freed: int = 0
     queued: list[Turn] = field(default_factory=list)
     publish: list[str] = field(default_factory=list)
+    budget: bool = False  # a turn began to wait: see whether live turns are over budget
 
 
 def session_from(record: SessionRecord) -> Session:

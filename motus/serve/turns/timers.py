@@ -120,7 +120,7 @@ class TimedMoves:
         elif kind == "retry":
             self._retry_backlog(turn)
         else:
-            self._park(turn)
+            self._park(turn, now=kind == "park now")
 
     def _sweep_now(self: Machine) -> None:
         try:
@@ -177,8 +177,9 @@ class TimedMoves:
         finally:
             self._finish(after)
 
-    def _park(self: Machine, turn: Turn) -> None:
-        """WAITING -> PARKED once it has waited ``park_after`` and its worker is quiet."""
+    def _park(self: Machine, turn: Turn, now: bool = False) -> None:
+        """WAITING -> PARKED once it has waited ``park_after`` (``now``: at once, the live
+        turns being over budget) and its worker is quiet."""
         session = self._lookup(turn.session_id)
         if session is None or self.park_after is None:
             return
@@ -186,10 +187,10 @@ class TimedMoves:
         with session.lock:
             if session.turn is not turn or turn.state is not TurnState.WAITING or turn.handle is None:
                 return
-            quiet_at = turn.last_heard + max(self.park_after, PARK_SETTLE_SECONDS)
+            quiet_at = turn.last_heard + max(0.0 if now else self.park_after, PARK_SETTLE_SECONDS)
             if time.monotonic() < quiet_at or turn.calls_in_flight():
                 retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + 0.5
-                self.timers.schedule(retry, "park", turn, monotonic=True)
+                self.timers.schedule(retry, "park now" if now else "park", turn, monotonic=True)
                 return
             after.kill.append(turn.handle)
             turn.handle = None

@@ -41,6 +41,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "store": (["--store", "sqlite:///{tmp}/s.db"], "sqlite:///{tmp}/s.db", "sqlite:///{tmp}/s.db"),
     "lease_seconds": (["--lease-seconds", "4"], "4", 4.0),
     "park_after": (["--park-after", "45"], "45", 45.0),
+    "max_live_turns": (["--max-live-turns", "3"], "3", 3),
     "allow_custom_ids": (["--allow-custom-ids"], "1", True),
     "log_level": (["--log-level", "debug"], "debug", "debug"),
     "ui": (["--no-ui"], "0", False),
@@ -69,6 +70,7 @@ REACHES: dict[str, Callable[[AgentServer], Any]] = {
     "shutdown_timeout": lambda server: server.shutdown_timeout,
     "store": lambda server: server.store.url,
     "park_after": lambda server: server.park_after,
+    "max_live_turns": lambda server: server.turns.max_live_turns,
     "allow_custom_ids": lambda server: server.allow_custom_ids,
     "ui": lambda server: server.ui,
     "threads": lambda server: (server.threads, server.streams.limit, server.waiters and server.waiters._initial_value),  # type: ignore[attr-defined]
@@ -171,6 +173,12 @@ def test_a_value_given_any_way_reaches_the_same_place(setting: config.Setting, t
         by_python = AgentServer(AGENT, **base, api_keys=config.read_key_file(expected))
     assert where(by_cli) == where(by_env) == where(by_python)
     assert where(by_python) != where(AgentServer(AGENT, store="memory")), "the sample changes nothing"
+
+
+def test_the_live_turn_budget_is_four_a_worker_and_at_least_eight() -> None:
+    assert [config.default_live_turns(workers) for workers in (1, 2, 3, 16)] == [8, 8, 12, 64]
+    assert AgentServer(AGENT, store="memory", max_workers=5).turns.max_live_turns == 20
+    assert AgentServer(AGENT, store="memory", max_live_turns=0).turns.max_live_turns == 0  # no budget
 
 
 def test_never_parks_never() -> None:

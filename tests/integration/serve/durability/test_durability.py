@@ -280,7 +280,8 @@ def test_kill_9_with_20_interrupted_sessions_loses_nothing_and_runs_each_approve
 ) -> None:
     fake = fake_provider
     sandbox = tmp_path / "sandbox"
-    args = ["--workers", "2", "--store", store_url(tmp_path / "s.db")]  # default --park-after: turns stay live
+    # Default --park-after and no live-turn budget: all twenty turns stay live until the kill.
+    args = ["--workers", "2", "--store", store_url(tmp_path / "s.db"), "--max-live-turns", "0"]
     env = agent_env(sandbox, fake)
     count = 20
     # The replies go to whichever session asks first, so each session is told by its
@@ -398,6 +399,41 @@ def test_without_parking_an_interrupted_turn_keeps_its_worker(
     resume_ok(server, sid, item["interrupt_id"], {"approved": True})
     assert wait_idle(server, sid)["response"]["content"] == "Touched it."
     assert len(lines(sandbox / "ran-one.txt")) == 1 and len(lines(sandbox / "pids")) == 1
+
+
+def test_past_max_live_turns_the_longest_waiting_turns_park_at_once(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """A burst of approvals costs rows, not a process each: with ``--max-live-turns 2`` and
+    four turns waiting, the two that have waited longest are parked well before
+    ``--park-after`` (30 s), the two newest keep their process, and every one still ends
+    with its own answer (the parked ones by a replay)."""
+    sandbox = tmp_path / "sandbox"
+    server = start_server(
+        "tests.agents.durable:one_gate", "--workers", "2", "--store", store_url(tmp_path / "s.db"), "--max-live-turns", "2",
+        env=agent_env(sandbox),
+    )
+    sids = []
+    for n in range(4):
+        sid = start_turn(server, f"t{n}")
+        interrupted(server, sid)
+        sids.append(sid)
+    wait_until(lambda: (h := health(server))["parked_turns"] == 2 and h["live_turns"] == 2, what="two parked turns and two live ones")
+    first_run = {turn: int(pid) for pid, turn in (line.split() for line in lines(sandbox / "gates"))}
+    wait_until(lambda: first_run["t0"] not in agent_processes_of(server, first_run) and first_run["t1"] not in agent_processes_of(server, first_run),
+               what="the two oldest turns' processes to end")
+    assert {first_run["t2"], first_run["t3"]} <= set(agent_processes_of(server, first_run))
+
+    for n, sid in enumerate(sids):
+        [item] = server.get(f"/sessions/{sid}").json()["interrupts"]
+        resume_ok(server, sid, item["interrupt_id"], n)
+        assert wait_idle(server, sid, timeout=15)["response"]["content"] == f"t{n}: {n}"
+    replays = [turn for _pid, turn in (line.split() for line in lines(sandbox / "gates"))][4:]
+    assert sorted(replays) == ["t0", "t1"]  # only the parked ones ran again
+
+
+def agent_processes_of(server: Server, pids: dict[str, int]) -> list[int]:
+    """Which of ``pids`` are live processes of the server's tree."""
+    wanted = set(pids.values())
+    return [proc.pid for proc in server.descendants() if proc.pid in wanted and _alive(proc)]
 
 
 def test_park_after_0_ends_the_worker_and_a_resume_replays_a_single_gate(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -435,3 +436,47 @@ def test_close_commits_what_was_handed_over_and_then_refuses(db_path: Path) -> N
         assert {r.session_id for r in fresh.load()} == {f"s{n}" for n in range(5)}
     finally:
         fresh.close()
+
+
+def test_a_writer_interrupted_while_it_waits_does_not_leave_the_store_without_a_leader(opened: SqliteStore) -> None:
+    """Ctrl-C (a signal's exception) reaches the main thread while its save waits behind
+    another thread's commit: that save raises, and the store goes on: the lead is not handed
+    to the write whose thread is gone, later writes commit and ``close`` returns."""
+    committer = opened._committer
+    assert committer is not None
+    release = threading.Event()
+    leading = threading.Event()
+    main = threading.main_thread()
+
+    def slow(db: sqlite3.Connection) -> None:
+        leading.set()
+        release.wait(10)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    def send() -> None:
+        wait_until(lambda: len(committer._queue) == 1, what="the main thread's save to queue up")
+        signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+
+    leader = threading.Thread(target=lambda: committer.submit(slow))
+    sender = threading.Thread(target=send)
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        leader.start()
+        assert leading.wait(10)
+        sender.start()
+        with pytest.raises(KeyboardInterrupt):
+            opened.save(session("interrupted"))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        release.set()
+        sender.join(10)
+        leader.join(10)
+    try:
+        wait_until(lambda: not committer._leading, timeout=5, what="the lead to be given up")
+        opened.save(session("later"))
+        assert "later" in {r.session_id for r in opened.load()}
+    finally:
+        if committer._leading and committer._queue:
+            committer._lead()  # what the interrupted thread was handed: let the fixture close

@@ -85,13 +85,16 @@ class GroupCommitter:
             self._queue.append(write)
             write.lead = not self._leading
             self._leading = True
-        while not write.finished:
-            if write.lead:
-                write.lead = False
-                self._lead()
-            else:
-                write.wake.wait()
-                write.wake.clear()
+        try:
+            while not write.finished:
+                if write.lead:
+                    self._lead()
+                else:
+                    write.wake.wait()
+                    write.wake.clear()
+        except BaseException:
+            self._abandon(write)  # a signal's exception (Ctrl-C) while it waited
+            raise
         if write.error is not None:
             raise write.error
         return write.result
@@ -109,6 +112,7 @@ class GroupCommitter:
         lead to the oldest write queued meanwhile, or give it up."""
         with self._wake:
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            batch[0].lead = False  # this thread's own write: it leads now
             self.taken += len(batch)
         try:
             with self.lock:
@@ -131,6 +135,27 @@ class GroupCommitter:
                 write.wake.set()
             if successor is not None:
                 successor.wake.set()
+
+    def _abandon(self, write: _Write[Any]) -> None:
+        """The thread of ``write`` leaves ``submit`` before it finished: a write still queued
+        is dropped (never run), and a lead it was handed goes to the next queued write, or is
+        given up, so no one waits on a thread that is gone. A write already taken into a
+        batch is its leader's to finish."""
+        with self._wake:
+            if not any(queued is write for queued in self._queue):
+                return
+            self._queue = [queued for queued in self._queue if queued is not write]
+            if not write.lead:
+                return
+            write.lead = False
+            successor = self._queue[0] if self._queue else None
+            if successor is not None:
+                successor.lead = True
+            else:
+                self._leading = False
+                self._wake.notify_all()
+        if successor is not None:
+            successor.wake.set()
 
     def _commit(self, batch: list[_Write[Any]]) -> None:
         db = self.connection

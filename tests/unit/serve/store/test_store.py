@@ -480,3 +480,31 @@ def test_a_writer_interrupted_while_it_waits_does_not_leave_the_store_without_a_
     finally:
         if committer._leading and committer._queue:
             committer._lead()  # what the interrupted thread was handed: let the fixture close
+
+
+def test_a_follow_up_interrupted_after_the_commit_does_not_fail_or_hide_the_others(opened: SqliteStore) -> None:
+    """A ``KeyboardInterrupt`` (Ctrl-C landing on the leader) while one write's ``after``
+    runs: the batch is committed, so the other writes' callers get their results, not the
+    interrupt, and their events are published (a stream reading the recent events does not
+    skip them)."""
+    results: dict[str, object] = {}
+
+    def save(name: str) -> None:
+        try:
+            results[name] = opened.save(session(name), events=[Event(name, "status", {}, at=0.0)])
+        except BaseException as exc:
+            results[name] = exc
+
+    def interrupted() -> None:
+        def after(_result: object) -> None:
+            raise KeyboardInterrupt
+
+        try:
+            results["interrupted"] = opened._writer().submit(lambda db: None, after)
+        except BaseException as exc:
+            results["interrupted"] = exc
+
+    queued_behind_the_lock(opened, [lambda: save("first"), interrupted, lambda: save("a"), lambda: save("b")])
+    assert results["a"] == 2 and results["b"] == 3, results
+    assert [e.session_id for e in opened.events_after(1)] == ["a", "b"]
+    assert {r.session_id for r in reopen(opened)} == {"first", "a", "b"}

@@ -114,9 +114,10 @@ class GroupCommitter:
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             batch[0].lead = False  # this thread's own write: it leads now
             self.taken += len(batch)
+        interrupted: BaseException | None = None
         try:
             with self.lock:
-                self._commit(batch)
+                interrupted = self._commit(batch)
         except BaseException as exc:  # never leave a caller waiting, whatever failed
             for write in batch:
                 if not write.finished and write.error is None:
@@ -135,6 +136,8 @@ class GroupCommitter:
                 write.wake.set()
             if successor is not None:
                 successor.wake.set()
+        if interrupted is not None:
+            raise interrupted  # on this thread, where it came: the batch is committed all the same
 
     def _abandon(self, write: _Write[Any]) -> None:
         """The thread of ``write`` leaves ``submit`` before it finished: a write still queued
@@ -157,7 +160,9 @@ class GroupCommitter:
         if successor is not None:
             successor.wake.set()
 
-    def _commit(self, batch: list[_Write[Any]]) -> None:
+    def _commit(self, batch: list[_Write[Any]]) -> BaseException | None:
+        """Returns what interrupted an ``after`` (a ``BaseException`` that is no ``Exception``,
+        say Ctrl-C on this thread), for the leader to raise once every write is finished."""
         db = self.connection
         alone = len(batch) == 1
         db.execute("BEGIN IMMEDIATE")
@@ -180,8 +185,9 @@ class GroupCommitter:
             for write in batch:
                 if write.error is None:
                     write.error = exc
-            return
+            return None
         self.batches += 1
+        interrupted: BaseException | None = None
         for write in batch:
             if write.error is None:
                 self.writes += 1
@@ -190,3 +196,7 @@ class GroupCommitter:
                         write.after(write.result)
                     except Exception:  # committed all the same: the caller is told it was
                         log.exception("a store write's follow-up failed after its commit")
+                    except BaseException as exc:  # the others' follow-ups still run
+                        log.exception("a store write's follow-up was interrupted after its commit")
+                        interrupted = interrupted or exc
+        return interrupted

@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -508,3 +509,45 @@ def test_a_follow_up_interrupted_after_the_commit_does_not_fail_or_hide_the_othe
     assert results["a"] == 2 and results["b"] == 3, results
     assert [e.session_id for e in opened.events_after(1)] == ["a", "b"]
     assert {r.session_id for r in reopen(opened)} == {"first", "a", "b"}
+
+
+def test_a_second_close_meanwhile_does_not_close_the_connection_under_writes_handed_over(db_path: Path) -> None:
+    """Two threads close the store while five writes wait on a commit (a shutdown and a
+    signal handler, say): neither closes the connection before every write handed over is
+    committed, so all five commit and are there after a reopen."""
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    committer = store._committer
+    assert committer is not None
+    errors: list[BaseException] = []
+    closers = [threading.Thread(target=store.close) for _ in range(2)]
+
+    def save(name: str) -> None:
+        try:
+            store.save(session(name))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def in_close(thread: threading.Thread) -> bool:
+        frame = sys._current_frames().get(thread.ident or 0)
+        while frame is not None and frame.f_code is not SqliteStore.close.__code__:
+            frame = frame.f_back
+        return frame is not None
+
+    def close_twice_meanwhile() -> None:
+        closers[0].start()
+        wait_until(lambda: committer._closing, what="the first close to begin")
+        closers[1].start()
+        wait_until(lambda: in_close(closers[1]), what="the second close to wait for the connection")
+
+    queued_behind_the_lock(store, [lambda n=n: save(f"s{n}") for n in range(5)], then=close_twice_meanwhile)
+    for closer in closers:
+        closer.join(10)
+        assert not closer.is_alive()
+    assert not errors, errors
+    fresh = SqliteStore(store.url, store.path)
+    fresh.open()
+    try:
+        assert {r.session_id for r in fresh.load()} == {f"s{n}" for n in range(5)}
+    finally:
+        fresh.close()

@@ -85,13 +85,16 @@ class GroupCommitter:
             self._queue.append(write)
             write.lead = not self._leading
             self._leading = True
-        while not write.finished:
-            if write.lead:
-                write.lead = False
-                self._lead()
-            else:
-                write.wake.wait()
-                write.wake.clear()
+        try:
+            while not write.finished:
+                if write.lead:
+                    self._lead()
+                else:
+                    write.wake.wait()
+                    write.wake.clear()
+        except BaseException:
+            self._abandon(write)  # a signal's exception (Ctrl-C) while it waited
+            raise
         if write.error is not None:
             raise write.error
         return write.result
@@ -109,10 +112,12 @@ class GroupCommitter:
         lead to the oldest write queued meanwhile, or give it up."""
         with self._wake:
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            batch[0].lead = False  # this thread's own write: it leads now
             self.taken += len(batch)
+        interrupted: BaseException | None = None
         try:
             with self.lock:
-                self._commit(batch)
+                interrupted = self._commit(batch)
         except BaseException as exc:  # never leave a caller waiting, whatever failed
             for write in batch:
                 if not write.finished and write.error is None:
@@ -131,8 +136,33 @@ class GroupCommitter:
                 write.wake.set()
             if successor is not None:
                 successor.wake.set()
+        if interrupted is not None:
+            raise interrupted  # on this thread, where it came: the batch is committed all the same
 
-    def _commit(self, batch: list[_Write[Any]]) -> None:
+    def _abandon(self, write: _Write[Any]) -> None:
+        """The thread of ``write`` leaves ``submit`` before it finished: a write still queued
+        is dropped (never run), and a lead it was handed goes to the next queued write, or is
+        given up, so no one waits on a thread that is gone. A write already taken into a
+        batch is its leader's to finish."""
+        with self._wake:
+            if not any(queued is write for queued in self._queue):
+                return
+            self._queue = [queued for queued in self._queue if queued is not write]
+            if not write.lead:
+                return
+            write.lead = False
+            successor = self._queue[0] if self._queue else None
+            if successor is not None:
+                successor.lead = True
+            else:
+                self._leading = False
+                self._wake.notify_all()
+        if successor is not None:
+            successor.wake.set()
+
+    def _commit(self, batch: list[_Write[Any]]) -> BaseException | None:
+        """Returns what interrupted an ``after`` (a ``BaseException`` that is no ``Exception``,
+        say Ctrl-C on this thread), for the leader to raise once every write is finished."""
         db = self.connection
         alone = len(batch) == 1
         db.execute("BEGIN IMMEDIATE")
@@ -155,8 +185,9 @@ class GroupCommitter:
             for write in batch:
                 if write.error is None:
                     write.error = exc
-            return
+            return None
         self.batches += 1
+        interrupted: BaseException | None = None
         for write in batch:
             if write.error is None:
                 self.writes += 1
@@ -165,3 +196,7 @@ class GroupCommitter:
                         write.after(write.result)
                     except Exception:  # committed all the same: the caller is told it was
                         log.exception("a store write's follow-up failed after its commit")
+                    except BaseException as exc:  # the others' follow-ups still run
+                        log.exception("a store write's follow-up was interrupted after its commit")
+                        interrupted = interrupted or exc
+        return interrupted

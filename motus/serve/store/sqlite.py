@@ -267,10 +267,11 @@ class SqliteStore(Store):
             raise
 
     def close(self) -> None:
-        committer, self._committer = self._committer, None
+        committer = self._committer
         if committer is not None:
-            committer.close()  # what was handed to it is committed first
+            committer.close()  # what was handed to it is committed first (a second close waits too)
         with self._lock:
+            self._committer = None
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -429,6 +431,120 @@ def test_close_commits_what_was_handed_over_and_then_refuses(db_path: Path) -> N
     assert not errors and not closing.is_alive() and not committer._leading
     with pytest.raises(StoreError, match="is closed"):
         store.save(session("late"))
+    fresh = SqliteStore(store.url, store.path)
+    fresh.open()
+    try:
+        assert {r.session_id for r in fresh.load()} == {f"s{n}" for n in range(5)}
+    finally:
+        fresh.close()
+
+
+def test_a_writer_interrupted_while_it_waits_does_not_leave_the_store_without_a_leader(opened: SqliteStore) -> None:
+    """Ctrl-C (a signal's exception) reaches the main thread while its save waits behind
+    another thread's commit: that save raises, and the store goes on: the lead is not handed
+    to the write whose thread is gone, later writes commit and ``close`` returns."""
+    committer = opened._committer
+    assert committer is not None
+    release = threading.Event()
+    leading = threading.Event()
+    main = threading.main_thread()
+
+    def slow(db: sqlite3.Connection) -> None:
+        leading.set()
+        release.wait(10)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    def send() -> None:
+        wait_until(lambda: len(committer._queue) == 1, what="the main thread's save to queue up")
+        signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+
+    leader = threading.Thread(target=lambda: committer.submit(slow))
+    sender = threading.Thread(target=send)
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        leader.start()
+        assert leading.wait(10)
+        sender.start()
+        with pytest.raises(KeyboardInterrupt):
+            opened.save(session("interrupted"))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        release.set()
+        sender.join(10)
+        leader.join(10)
+    try:
+        wait_until(lambda: not committer._leading, timeout=5, what="the lead to be given up")
+        opened.save(session("later"))
+        assert "later" in {r.session_id for r in opened.load()}
+    finally:
+        if committer._leading and committer._queue:
+            committer._lead()  # what the interrupted thread was handed: let the fixture close
+
+
+def test_a_follow_up_interrupted_after_the_commit_does_not_fail_or_hide_the_others(opened: SqliteStore) -> None:
+    """A ``KeyboardInterrupt`` (Ctrl-C landing on the leader) while one write's ``after``
+    runs: the batch is committed, so the other writes' callers get their results, not the
+    interrupt, and their events are published (a stream reading the recent events does not
+    skip them)."""
+    results: dict[str, object] = {}
+
+    def save(name: str) -> None:
+        try:
+            results[name] = opened.save(session(name), events=[Event(name, "status", {}, at=0.0)])
+        except BaseException as exc:
+            results[name] = exc
+
+    def interrupted() -> None:
+        def after(_result: object) -> None:
+            raise KeyboardInterrupt
+
+        try:
+            results["interrupted"] = opened._writer().submit(lambda db: None, after)
+        except BaseException as exc:
+            results["interrupted"] = exc
+
+    queued_behind_the_lock(opened, [lambda: save("first"), interrupted, lambda: save("a"), lambda: save("b")])
+    assert results["a"] == 2 and results["b"] == 3, results
+    assert [e.session_id for e in opened.events_after(1)] == ["a", "b"]
+    assert {r.session_id for r in reopen(opened)} == {"first", "a", "b"}
+
+
+def test_a_second_close_meanwhile_does_not_close_the_connection_under_writes_handed_over(db_path: Path) -> None:
+    """Two threads close the store while five writes wait on a commit (a shutdown and a
+    signal handler, say): neither closes the connection before every write handed over is
+    committed, so all five commit and are there after a reopen."""
+    store = SqliteStore(f"sqlite:///{db_path}", str(db_path))
+    store.open()
+    committer = store._committer
+    assert committer is not None
+    errors: list[BaseException] = []
+    closers = [threading.Thread(target=store.close) for _ in range(2)]
+
+    def save(name: str) -> None:
+        try:
+            store.save(session(name))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def in_close(thread: threading.Thread) -> bool:
+        frame = sys._current_frames().get(thread.ident or 0)
+        while frame is not None and frame.f_code is not SqliteStore.close.__code__:
+            frame = frame.f_back
+        return frame is not None
+
+    def close_twice_meanwhile() -> None:
+        closers[0].start()
+        wait_until(lambda: committer._closing, what="the first close to begin")
+        closers[1].start()
+        wait_until(lambda: in_close(closers[1]), what="the second close to wait for the connection")
+
+    queued_behind_the_lock(store, [lambda n=n: save(f"s{n}") for n in range(5)], then=close_twice_meanwhile)
+    for closer in closers:
+        closer.join(10)
+        assert not closer.is_alive()
+    assert not errors, errors
     fresh = SqliteStore(store.url, store.path)
     fresh.open()
     try:

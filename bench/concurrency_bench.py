@@ -12,6 +12,14 @@ Run from the repository root on an otherwise idle machine::
     python bench/concurrency_bench.py --root /tmp/before:before --root .:after --stores sqlite
     python bench/concurrency_bench.py --only store --root /tmp/before:before --root .:after
 
+``--only approvals`` (issue 27, item 3): per checkout, a server with the default options
+(SQLite, ``--workers`` the CPU count, no ``--park-after`` or ``--max-live-turns``); 500
+sessions each sent a message to ``approve_once`` by 16 client threads; once all 500 wait
+(live or parked) and the server has settled, the memory of its tree (USS) over what it was
+idle, per pending approval; then all 500 approved, timed until every turn ended. Then 100
+pending, ``kill -9`` of the whole server, a new one on the same file, all 100 approved,
+timed from the first resume until every turn ended.
+
 ``--only store`` measures the SQLite store alone, no server: 1, 8 and 32 threads saving an
 interrupted session with its journal entry and event (what a turn's transition writes) for
 ``--seconds`` each, the checkouts taking turns; per checkout and thread count, saves a
@@ -177,6 +185,58 @@ def bench_store(roots: list[tuple[Path, str]], counts: list[int], seconds: float
     table(("threads", "checkout", "saves/s", "CPU a save", "writes a commit"), rows)
 
 
+def bench_approvals(roots: list[tuple[Path, str]], pending: int = 500, after_kill: int = 100) -> None:
+    """A burst of approvals against the default options, per checkout (see the docstring)."""
+    from bench.durable_bench import APPROVE, Clients, interrupt_ids, mib
+    from bench.durable_bench import wait_until as wait_health
+
+    rows = []
+    for root, label in roots:
+        with tempfile.TemporaryDirectory(prefix="motus-approvals-") as tmp:
+            store = ("--store", f"sqlite:///{tmp}/approvals.db")
+            served = Served(f"{label}-approvals", *store, agent=AGENT, root=root, log="concurrency", settle=1.0)
+            clients = Clients(served.port)
+            try:
+                idle = served.memory()["uss"]
+                sids = clients.map(lambda h, _: h.call("POST", "/sessions", {})["session_id"], range(pending))
+                clients.map(lambda h, sid: h.call("POST", f"/sessions/{sid}/messages", {"content": "go"}), sids)
+                wait_health(served, lambda h: h["live_turns"] - h["running_workers"] + h["parked_turns"] >= pending and h["running_workers"] == 0,
+                            f"{pending} turns waiting")
+                time.sleep(2.0)  # parking over budget takes a settle of 0.1 s a turn, and reaping
+                health = served.health()
+                waiting = served.memory()["uss"]
+                ids = interrupt_ids(clients, sids)
+                t0 = time.perf_counter()
+                clients.map(lambda h, sid: h.call("POST", f"/sessions/{sid}/resume", {"interrupt_id": ids[sid], "value": APPROVE}), sids)
+                t1 = wait_health(served, lambda h: h["live_turns"] == 0 and h["parked_turns"] == 0, "every approved turn to end")
+                rows.append((label, f"{pending} pending", f"live {health['live_turns']}, parked {health['parked_turns']}",
+                             mib(waiting - idle), f"{(waiting - idle) / pending / 1024:.0f} KiB", f"{t1 - t0:.2f} s"))
+                clients.close()
+                served.stop()
+
+                served = Served(f"{label}-killed", *store, agent=AGENT, root=root, log="concurrency", settle=1.0)
+                clients = Clients(served.port)
+                sids = clients.map(lambda h, _: h.call("POST", "/sessions", {})["session_id"], range(after_kill))
+                clients.map(lambda h, sid: h.call("POST", f"/sessions/{sid}/messages", {"content": "go"}), sids)
+                wait_health(served, lambda h: h["live_turns"] - h["running_workers"] + h["parked_turns"] >= after_kill
+                            and h["running_workers"] == 0, f"{after_kill} more turns waiting")
+                ids = interrupt_ids(clients, sids)
+                clients.close()
+                served.kill()
+                served = Served(f"{label}-restarted", *store, agent=AGENT, root=root, log="concurrency", settle=0)
+                clients = Clients(served.port)
+                t0 = time.perf_counter()
+                clients.map(lambda h, sid: h.call("POST", f"/sessions/{sid}/resume", {"interrupt_id": ids[sid], "value": APPROVE}), sids)
+                t1 = wait_health(served, lambda h: h["live_turns"] == 0 and h["parked_turns"] == 0, "every approved turn to end")
+                rows.append((label, f"{after_kill} pending, kill -9, restart", "", "", "", f"{t1 - t0:.2f} s"))
+            finally:
+                clients.close()
+                served.stop()
+                report_log(served)
+    print()
+    table(("checkout", "burst", "/health once settled", "tree USS over idle", "per approval", "approve all, until ended"), rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts (default 1,8,32)")
@@ -188,11 +248,19 @@ def main() -> None:
     parser.add_argument("--arg", action="append", default=[], help="an extra server option (repeatable)")
     parser.add_argument("--agent", default=AGENT, help=f"the agent served (default {AGENT}); it must interrupt once a turn")
     parser.add_argument("--message", default="go", help="what each cycle sends (default: go)")
-    parser.add_argument("--only", choices=["cycles", "store"], default="cycles", help="gated cycles over HTTP (default) or the SQLite store alone")
+    parser.add_argument("--only", choices=["cycles", "store", "approvals"], default="cycles",
+                        help="gated cycles over HTTP (default), the SQLite store alone, or a burst of approvals")
     opts = parser.parse_args()
     counts = [int(n) for n in opts.clients.split(",")]
     roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1] if ":" in r else Path(r).name) for r in opts.root] or [(ROOT, "this")]
     stores = opts.stores.split(",")
+    if opts.only == "approvals":
+        print(f"concurrency_bench --only approvals: {os.cpu_count()} CPUs, 500 pending, then 100 across a kill -9")
+        try:
+            bench_approvals(roots)
+        finally:
+            kill_all()
+        return
     if opts.only == "store":
         print(f"concurrency_bench --only store: {os.cpu_count()} CPUs, threads {counts}, {opts.slices} runs of {opts.seconds:g} s each")
         bench_store(roots, counts, opts.seconds, opts.slices)

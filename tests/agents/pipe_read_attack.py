@@ -23,7 +23,8 @@ replies ``done: <message>``. Where a command waits at a gate it writes ``started
 - ``grandchild-result``: forks a child that holds the pipe open (at most ``WAIT_SECONDS``),
   then returns normally (the worker sends its Result and exits);
 - ``grandchild-flood SECONDS``: forks a child that writes ``None`` frames back to back for
-  ``SECONDS``, then the worker exits at once without a Result.
+  ``SECONDS`` (then creates ``flood-ended`` in ``$MOTUS_EXAMPLE_DIR``), and the worker exits
+  at once without a Result.
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ async def attacker(message: ChatMessage, state: list[ChatMessage]) -> tuple[Chat
                 while time.monotonic() < deadline:
                     os.write(fd, chunk)
             finally:
-                os._exit(0)
+                try:
+                    (_root() / "flood-ended").touch()  # for the test: the flood is over
+                finally:
+                    os._exit(0)
         os._exit(0)
     return reply, [*state, message, reply]

@@ -193,13 +193,15 @@ def test_negative_frame_size_ends_the_turn(start_server: Callable[..., Server], 
 
 def test_grandchild_flooding_a_dead_workers_pipe_stalls_nobody(start_server: Callable[..., Server], sandbox: Path) -> None:
     """The worker exits at once; a grandchild it forked floods the pipe with whole frames for
-    6 s. ``_reap`` drains 'last words' while ``conn.poll()`` holds: it must not keep the
-    manager (every other turn) for as long as the flood lasts."""
+    8 s. ``_reap`` drains 'last words' while ``conn.poll()`` holds: it must not keep the
+    manager (every other turn) for as long as the flood lasts. Judged by order, not by a
+    clock: another session's turn ends while the flood is still going."""
     server = serve(start_server, "--workers", "2", sandbox=sandbox)
     bystander = server.create_session()
     sid = server.create_session()
-    server.send(sid, "grandchild-flood 6")
+    server.send(sid, "grandchild-flood 8")
     wait_until(lambda: server.descendants(), timeout=5, what="the worker")
-    echo_runs(server, bystander, "meanwhile", timeout=3)
-    body = ended(server, sid, timeout=15)
+    echo_runs(server, bystander, "meanwhile", timeout=20)
+    assert not (sandbox / "flood-ended").exists(), "the other session's turn waited for the flood to end"
+    body = ended(server, sid, timeout=20)
     assert body["status"] == "error" and body["error"] == EXITED, body

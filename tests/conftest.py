@@ -436,7 +436,7 @@ def no_leaks() -> Iterator[None]:
         # The session's cluster may first be asked for inside a test (getfixturevalue): it
         # outlives the test by design.
         kept = {c.pid for c in [*clusters_before, *pg.live_clusters()] if c.pid is not None and (c in clusters_before or c.session_scoped)}
-        kept.add(launcher.template_pid() or 0)  # the servers' template lives for the session
+        kept |= launcher.template_pids()  # the servers' templates live for the session
         return _children() - children_before - kept - _SHARED_SERVERS
 
     def clean() -> bool:

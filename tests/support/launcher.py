@@ -3,8 +3,9 @@
 The suite starts about 430 servers. Each start used to be a fresh ``python -m motus serve
 start``: an interpreter, then click, gunicorn, pydantic, Flask, prometheus_client and motus
 imported in the arbiter and its worker, about 0.4 s of CPU before the server did anything of
-its own, and the suite on this 2-core machine is bound by CPU. Here one *template* process
-per test process imports those modules once; each start forks it, and the child becomes
+its own, and the suite on this 2-core machine is bound by CPU. Here a *template* process
+imports those modules once (one per test process and set of third-party modules its agents
+import: the framework SDKs, see ``agent_imports``); each start forks one, and the child becomes
 exactly what ``python -m motus serve start ARGS`` would be from there on: its own session,
 standard output and error to the server's log, standard input from ``/dev/null``, the
 server's environment and working directory, ``sys.argv`` as ``python -m`` sets it, and
@@ -62,9 +63,11 @@ PRELOAD = (
 #: Imported too where installed (extras): what a server on a PostgreSQL store loads.
 PRELOAD_IF_INSTALLED = ("motus.serve.store.postgres", "psycopg", "psycopg_pool")
 
-#: Top-level packages whose modules act at import (test agents record pids, examples read
-#: their environment): never imported in the template, only by the server itself.
-NOT_PRELOADED = frozenset({"tests", "examples", "bench", "__future__"})
+#: Top-level packages never preloaded for an agent: those whose modules act at import (test
+#: agents record pids, examples read their environment), and motus itself (``PRELOAD`` has
+#: what every server imports; the rest comes from the bytecode cache in milliseconds), so
+#: agents that import only motus share one template.
+NOT_PRELOADED = frozenset({"tests", "examples", "bench", "motus"})
 
 _TEMPLATE = r"""
 import importlib, importlib.util, json, os, runpy, socket, sys
@@ -97,6 +100,7 @@ def preload(names):
 
 
 preload(optional)
+preload(json.loads(sys.argv[4]))
 main_path = importlib.util.find_spec("motus.__main__").origin
 ctl.sendall(b"ready")
 
@@ -144,7 +148,6 @@ while True:
     request = json.loads(message)
     if request["op"] == "start":
         [log_fd] = fds
-        preload(request["preload"])
         pid = os.fork()
         if pid == 0:
             ctl.close()
@@ -159,7 +162,12 @@ while True:
 """
 
 _lock = threading.Lock()
-_template: tuple[subprocess.Popen[bytes], socket.socket] | None = None
+#: A template per set of agent imports (``agent_imports``): a server starts from the one that
+#: imported what its agent imports, and holds nothing another agent's SDK left behind (the
+#: memory tests measure a server's heap).
+_templates: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], socket.socket]] = {}
+#: Which template started each server (its status is that template's to read).
+_started_by: dict[int, socket.socket] = {}
 
 
 def usable(env: dict[str, str] | None) -> bool:
@@ -167,17 +175,17 @@ def usable(env: dict[str, str] | None) -> bool:
     return hasattr(os, "pidfd_open") and not any(name.startswith("PYTHON") for name in env or {})
 
 
-def template_pid() -> int | None:
-    """The template's pid, if it runs (a child of this process that is no test's leak)."""
-    return _template[0].pid if _template is not None else None
+def template_pids() -> set[int]:
+    """The templates' pids (children of this process that are no test's leak)."""
+    with _lock:
+        return {proc.pid for proc, _ctl in _templates.values()}
 
 
 def server_roots() -> list[psutil.Process]:
     """The processes servers run as at their top: this process's children and the template's
     (a server forked by the template is the template's child, not ours)."""
     roots = psutil.Process().children()
-    pid = template_pid()
-    if pid is not None:
+    for pid in template_pids():
         try:
             roots += psutil.Process(pid).children()
         except psutil.NoSuchProcess:
@@ -186,9 +194,10 @@ def server_roots() -> list[psutil.Process]:
 
 
 def agent_imports(agent: str, root: Path) -> list[str]:
-    """The modules the agent's module imports at its top level (read from its source, never
-    run), but for those of ``NOT_PRELOADED`` packages: a framework agent's SDK (1-3 s of CPU
-    to import) is then imported once per template instead of once per server."""
+    """The third-party modules the agent's module imports at its top level (read from its
+    source, never run; not the standard library's, nor ``NOT_PRELOADED``'s): a framework
+    agent's SDK (1-3 s of CPU to import) is then imported once, by the template of that set
+    of imports, instead of once per server."""
     module = agent.partition(":")[0]
     base = root.joinpath(*module.split("."))
     source = next((path for path in (base.with_suffix(".py"), base / "__init__.py") if path.is_file()), None)
@@ -204,44 +213,46 @@ def agent_imports(agent: str, root: Path) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
-    return [name for name in names if name.partition(".")[0] not in NOT_PRELOADED]
+    return [name for name in names if (top := name.partition(".")[0]) not in NOT_PRELOADED and top not in sys.stdlib_module_names]
 
 
 def start(args: list[str], log_path: Path, env: dict[str, str], cwd: Path, base_env: dict[str, str]) -> TemplateProcess:
     """Fork ``python -m motus *args`` with environment ``env`` from the template, which is
     started on first use with ``base_env`` (what every server's environment has in common).
     ``args[2]`` is the agent (``serve start AGENT ...``): its module's imports are preloaded."""
+    preload = tuple(sorted(set(agent_imports(args[2], cwd)))) if args[:2] == ["serve", "start"] and len(args) > 2 else ()
     with _lock:
-        proc, ctl = _running(base_env)
+        proc, ctl = _running(base_env, preload)
         with open(log_path, "w") as log_file:
-            preload = agent_imports(args[2], cwd) if args[:2] == ["serve", "start"] and len(args) > 2 else []
-            request = {"op": "start", "args": args, "env": env, "cwd": str(cwd), "preload": preload}
+            request = {"op": "start", "args": args, "env": env, "cwd": str(cwd)}
             socket.send_fds(ctl, [json.dumps(request).encode()], [log_file.fileno()])
         message, fds, _flags, _addr = socket.recv_fds(ctl, 64, 1)
         if not message or len(fds) != 1:
             raise RuntimeError(f"the server template did not start a server (it exited with {proc.poll()})")
+        _started_by[int(message)] = ctl
         return TemplateProcess(int(message), fds[0], args)
 
 
 def stop() -> None:
-    """End the template (its servers must have been stopped)."""
-    global _template
+    """End the templates (their servers must have been stopped)."""
     with _lock:
-        if _template is not None:
-            proc, ctl = _template
-            _template = None
-            ctl.close()
-            proc.wait(10)
+        templates = list(_templates.values())
+        _templates.clear()
+        _started_by.clear()
+    for proc, ctl in templates:
+        ctl.close()
+        proc.wait(10)
 
 
-def _running(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    global _template
-    if _template is not None and _template[0].poll() is None:
-        return _template
+def _running(env: dict[str, str], preload: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    running = _templates.get(preload)
+    if running is not None and running[0].poll() is None:
+        return running
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # "motus serve start" at the end: the tests find a server's processes by that command line.
     proc = subprocess.Popen(
-        [sys.executable, "-c", _TEMPLATE, str(theirs.fileno()), json.dumps(PRELOAD), json.dumps(PRELOAD_IF_INSTALLED), "motus", "serve", "start"],
+        [sys.executable, "-c", _TEMPLATE, str(theirs.fileno()), json.dumps(PRELOAD), json.dumps(PRELOAD_IF_INSTALLED),
+         json.dumps(list(preload)), "motus", "serve", "start"],
         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     theirs.close()
@@ -251,14 +262,14 @@ def _running(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], socket.socke
         proc.wait()
         raise RuntimeError("the server template did not start")
     ours.settimeout(None)
-    _template = (proc, ours)
-    return _template
+    _templates[preload] = (proc, ours)
+    return _templates[preload]
 
 
 def _status(pid: int) -> int:
     with _lock:
-        assert _template is not None, "the template that started the server is gone"
-        _proc, ctl = _template
+        ctl = _started_by.pop(pid, None)
+        assert ctl is not None, "the template that started the server is gone"
         ctl.sendall(json.dumps({"op": "status", "pid": pid}).encode())
         return int(ctl.recv(64))
 

@@ -171,11 +171,11 @@ def ours(proc: psutil.Process) -> bool:
     """A process these tests' agents make: a worker, a zygote, a ``sleep`` (safe to kill)."""
     try:
         command = proc.cmdline()
+        if not command:
+            return proc.pid > 1  # exiting: its memory (and so its command line) is already gone
+        return proc.pid > 1 and (is_zygote(proc) or command == ["sleep", "300"] or "forkserver" in " ".join(command))
     except psutil.NoSuchProcess:
-        return True
-    if not command:
-        return proc.pid > 1  # exiting: its memory (and so its command line) is already gone
-    return proc.pid > 1 and (is_zygote(proc) or command == ["sleep", "300"] or "forkserver" in " ".join(command))
+        return True  # gone between two questions (its name after its command line): nothing to signal
 
 
 def assert_ended(procs: list[psutil.Process | None], timeout: float = 5.0, what: str = "processes") -> None:

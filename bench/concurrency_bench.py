@@ -10,6 +10,7 @@ Run from the repository root on an otherwise idle machine::
     python bench/concurrency_bench.py                            # sqlite vs memory, 1/8/32 clients
     python bench/concurrency_bench.py --clients 8 --seconds 6 --slices 4
     python bench/concurrency_bench.py --root /tmp/before:before --root .:after --stores sqlite
+    python bench/concurrency_bench.py --stores sqlite,postgres       # two instances on PostgreSQL
     python bench/concurrency_bench.py --only store --root /tmp/before:before --root .:after
 
 ``--only approvals`` (issue 27, item 3): per checkout, a server with the default options
@@ -26,7 +27,10 @@ interrupted session with its journal entry and event (what a turn's transition w
 second, CPU per save and, where the store commits in groups, writes per commit.
 
 Every configuration (a checkout and a store) gets its own server (``--workers 2``, the
-default options otherwise; SQLite in a file of its own with the default ``synchronous=full``).
+default options otherwise; SQLite in a file of its own with the default ``synchronous=full``);
+``postgres`` is two instances on one database of a throwaway cluster
+(``tests.support.pg``), each client sending its requests to them in turn (no sticky
+routing).
 For each number of clients the configurations take turns in slices of ``--seconds`` (the
 order flips every slice), so all of them see the same machine: this VM's speed drifts by a
 third within minutes. Per configuration and client count: cycles a second, the median and
@@ -37,6 +41,7 @@ of the server tree per cycle, counted over its own slices only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -84,7 +89,25 @@ def cycle(http: Http, sid: str, out: dict[str, list[float]], message: str = "go"
         out[name].append(seconds)
 
 
-def run_slice(served: Served, sessions: list[str], seconds: float, tally: Tally, message: str = "go") -> None:
+class Rotating:
+    """A client of several instances of one store (no sticky routing): each call goes to the
+    next instance in turn, so a cycle's four requests land on both of two."""
+
+    def __init__(self, instances: list[Served]) -> None:
+        self.https = [Http(served.port) for served in instances]
+        self.next = 0
+
+    def call(self, method: str, path: str, body: object = None) -> object:
+        http = self.https[self.next % len(self.https)]
+        self.next += 1
+        return http.call(method, path, body)
+
+    def close(self) -> None:
+        for http in self.https:
+            http.close()
+
+
+def run_slice(instances: list[Served], sessions: list[str], seconds: float, tally: Tally, message: str = "go") -> None:
     """Every client runs cycles on its own session until ``seconds`` have passed; a cycle
     started before the end is finished and counted."""
     stop = threading.Event()
@@ -92,17 +115,17 @@ def run_slice(served: Served, sessions: list[str], seconds: float, tally: Tally,
     results: list[dict[str, list[float]]] = [{p: [] for p in PHASES} for _ in sessions]
 
     def client(index: int) -> None:
-        http = Http(served.port)
+        http = Rotating(instances)
         try:
             while not stop.is_set():
-                cycle(http, sessions[index], results[index], message)
+                cycle(http, sessions[index], results[index], message)  # type: ignore[arg-type]
         except BaseException as exc:  # reported after the slice: a bench must not hide failures
             errors.append(exc)
         finally:
             http.close()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(sessions))]
-    cpu0 = tree_cpu(served.process.pid)
+    cpu0 = sum(tree_cpu(served.process.pid) for served in instances)
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -111,9 +134,9 @@ def run_slice(served: Served, sessions: list[str], seconds: float, tally: Tally,
     for thread in threads:
         thread.join(120)
     tally.seconds += time.perf_counter() - started
-    tally.cpu += tree_cpu(served.process.pid) - cpu0
+    tally.cpu += sum(tree_cpu(served.process.pid) for served in instances) - cpu0
     if errors:
-        raise RuntimeError(f"{served.name}: {len(errors)} clients failed; first: {errors[0]!r}")
+        raise RuntimeError(f"{instances[0].name}: {len(errors)} clients failed; first: {errors[0]!r}")
     for result in results:
         tally.cycles += len(result["idle"])
         for name in PHASES:
@@ -242,7 +265,8 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts (default 1,8,32)")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one slice (default 5)")
     parser.add_argument("--slices", type=int, default=4, help="slices per configuration and client count (default 4)")
-    parser.add_argument("--stores", default="sqlite,memory", help="comma-separated: sqlite, memory (default both)")
+    parser.add_argument("--stores", default="sqlite,memory",
+                        help="comma-separated: sqlite, memory, postgres (two instances on one throwaway cluster) (default sqlite,memory)")
     parser.add_argument("--root", action="append", default=[], metavar="PATH[:LABEL]",
                         help="a checkout to serve from (repeatable; default this one)")
     parser.add_argument("--arg", action="append", default=[], help="an extra server option (repeatable)")
@@ -267,18 +291,30 @@ def main() -> None:
         return
 
     print(f"concurrency_bench: {os.cpu_count()} CPUs, clients {counts}, {opts.slices} slices of {opts.seconds:g} s each")
-    with tempfile.TemporaryDirectory(prefix="motus-concurrency-") as tmp:
-        servers: dict[str, Served] = {}
+    with tempfile.TemporaryDirectory(prefix="motus-concurrency-") as tmp, contextlib.ExitStack() as stack:
+        servers: dict[str, list[Served]] = {}
+        cluster = None
         try:
             for root, label in roots:
                 for store in stores:
                     name = f"{label}-{store}" if len(roots) > 1 else store
+                    if store == "postgres":
+                        if cluster is None:
+                            from tests.support import pg
+
+                            cluster = stack.enter_context(pg.Cluster(pg.find_pg_bin()))
+                        url = cluster.create_database()
+                        servers[name] = [
+                            Served(f"{name}-{i}", "--workers", "2", "--store", url, *opts.arg, agent=opts.agent, root=root, log="concurrency")
+                            for i in "AB"
+                        ]
+                        continue
                     url = f"sqlite:///{tmp}/{name}.db" if store == "sqlite" else "memory"
-                    servers[name] = Served(name, "--workers", "2", "--store", url, *opts.arg, agent=opts.agent, root=root, log="concurrency")
+                    servers[name] = [Served(name, "--workers", "2", "--store", url, *opts.arg, agent=opts.agent, root=root, log="concurrency")]
             names = list(servers)
             tallies = {(name, n): Tally() for name in names for n in counts}
             for n in counts:
-                sessions = {name: [servers[name].http.call("POST", "/sessions", {})["session_id"] for _ in range(n)] for name in names}
+                sessions = {name: [servers[name][0].http.call("POST", "/sessions", {})["session_id"] for _ in range(n)] for name in names}
                 for name in names:  # one untimed cycle each: first-time costs out of the figures
                     run_slice(servers[name], sessions[name][:1], 0.0, Tally(), opts.message)
                 for index in range(opts.slices):
@@ -312,9 +348,10 @@ def main() -> None:
                         if s.cycles and m.cycles:
                             print(f"  {prefix}sqlite / {prefix}memory at {n} clients: {(s.cycles / s.seconds) / (m.cycles / m.seconds):.2f}")
         finally:
-            for served in servers.values():
-                served.stop()
-                report_log(served)
+            for instances in servers.values():
+                for served in instances:
+                    served.stop()
+                    report_log(served)
             kill_all()
 
 

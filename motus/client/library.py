@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -138,7 +139,13 @@ class Conflict(APIError):
 
 
 class Unavailable(APIError):
-    """503: the server cannot take more sessions (``--max-sessions``)."""
+    """503: the server cannot take more sessions (``--max-sessions``), or every event stream
+    or long-poll slot is taken. ``retry_after``: the seconds its ``Retry-After`` asked the
+    client to wait before trying again (None when it named none)."""
+
+    def __init__(self, detail: str, status: int, retry_after: float | None = None) -> None:
+        super().__init__(detail, status)
+        self.retry_after = retry_after
 
 
 class TurnFailed(ClientError):
@@ -256,13 +263,10 @@ class Client:
         ``timeout`` seconds (default ``DEFAULT_POLL_SECONDS``) with the session still
         ``running``.
         """
-        params: dict[str, Any] = {}
-        read_timeout = self.timeout
-        if wait:
-            poll = DEFAULT_POLL_SECONDS if timeout is None else max(0.0, timeout)
-            params = {"wait": "true", "timeout": _seconds(poll)}
-            read_timeout = poll + self.timeout
-        data = self._request("GET", self._session_path(session_id), params=params, read_timeout=read_timeout)
+        if not wait:
+            return _parse(SessionResponse, self._request("GET", self._session_path(session_id)))
+        poll = DEFAULT_POLL_SECONDS if timeout is None else max(0.0, timeout)
+        data = self._long_poll(self._session_path(session_id), {}, poll)
         return _parse(SessionResponse, data)
 
     def delete_session(self, session_id: str) -> None:
@@ -394,12 +398,11 @@ class Client:
         params: dict[str, Any] = {"status": "pending"}
         if type is not None:
             params["type"] = type
-        read_timeout = self.timeout
         if wait:
             poll = DEFAULT_POLL_SECONDS if timeout is None else max(0.0, timeout)
-            params.update(wait="true", timeout=_seconds(poll))
-            read_timeout = poll + self.timeout
-        data = self._request("GET", "/interrupts", params=params, read_timeout=read_timeout)
+            data = self._long_poll("/interrupts", params, poll)
+        else:
+            data = self._request("GET", "/interrupts", params=params)
         return [_parse(InboxItem, item) for item in _expect_list(data)]
 
     def grants(self, session_id: str) -> list[Grant]:
@@ -475,6 +478,27 @@ class Client:
     def _session_path(self, session_id: str) -> str:
         return "/sessions/" + quote(session_id, safe="")
 
+    def _long_poll(self, path: str, params: dict[str, Any], poll: float) -> Any:
+        """``GET path?wait=true`` for up to ``poll`` seconds. A server whose long-poll slots
+        are all taken answers 503 with ``Retry-After``: the client waits that long (never
+        past the poll's end) and asks again, and once the poll's time is up it reads the
+        current state without waiting, as a long poll that timed out would have returned."""
+        deadline = time.monotonic() + poll
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                return self._request(
+                    "GET", path, params={**params, "wait": "true", "timeout": _seconds(remaining)},
+                    read_timeout=remaining + self.timeout,
+                )
+            except Unavailable as exc:
+                if exc.retry_after is None:
+                    raise  # not a full house of long polls: the caller decides
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return self._request("GET", path, params=params)
+                time.sleep(min(max(exc.retry_after, 0.05), remaining))
+
     def _request(
         self,
         method: str,
@@ -498,6 +522,8 @@ class Client:
             ) from None
         except requests.RequestException:
             raise ConnectionFailed(self.base_url) from None
+        if response.status_code == 503:
+            raise Unavailable(_error_detail(response), 503, _retry_after(response))
         if response.status_code >= 400:
             error_class = _ERRORS_BY_STATUS.get(response.status_code, APIError)
             raise error_class(_error_detail(response), response.status_code)
@@ -510,6 +536,15 @@ class Client:
                 f"{method} {path} answered with a body that is not JSON: {response.text[:200]!r}",
                 response.status_code,
             ) from None
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    """``Retry-After`` in seconds (the delay form; a date or junk: None)."""
+    try:
+        value = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _error_detail(response: requests.Response) -> str:

@@ -44,7 +44,7 @@ from motus.api.schemas import (
     SessionResponse,
     SessionSummary,
 )
-from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, Unauthorized, Unprocessable
+from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, TooManyWaiters, Unauthorized, Unprocessable
 from motus.serve.live import describe_turn
 from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
@@ -395,13 +395,30 @@ def list_sessions() -> Response:
     return jsonify([summary.model_dump(mode="json") for summary in summaries])
 
 
+#: Seconds a client refused a long-poll slot is asked to wait before it tries again.
+WAITER_RETRY_AFTER = 1
+
+
+def _take_waiter(waiters: Any) -> None:
+    """A long-poll slot for this request, or a 503 with ``Retry-After``: past the cap a
+    ``?wait=true`` is refused, not answered at once (a client that long-polls in a loop would
+    then spin)."""
+    if waiters is not None and not waiters.acquire(blocking=False):
+        raise TooManyWaiters(
+            "Too many long polls waiting at once (the request threads left for them, see --threads); "
+            f"try again in {WAITER_RETRY_AFTER} s, or open an event stream (GET /sessions/{{id}}/events)",
+            headers={"Retry-After": str(WAITER_RETRY_AFTER)},
+        )
+
+
 @api.get("/sessions/<session_id>")
 def get_session(session_id: str) -> Response:
     turns = _server().turns
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)  # checked even when unused
     waiters = _server().waiters
-    if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
+    if _flag("wait"):
+        _take_waiter(waiters)
         try:
             with _server().metrics.long_poll():
                 turns.wait(session_id, timeout)  # until it changes; what it is then is read below
@@ -454,7 +471,8 @@ def inbox() -> Response:
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)
     turns, waiters = _server().turns, _server().waiters
-    if _flag("wait") and (waiters is None or waiters.acquire(blocking=False)):
+    if _flag("wait"):
+        _take_waiter(waiters)
         try:
             with _server().metrics.long_poll():
                 found = turns.wait_inbox(kind, timeout)

@@ -74,6 +74,14 @@ class TooManyStreams(ServeError):
     status_code = 503
 
 
+class TooManyWaiters(ServeError):
+    """Every long-poll slot is taken (the request threads left once event streams and the
+    reserve have theirs): answered at once with ``Retry-After``, never a 200 that would
+    invite the client to poll again straight away."""
+
+    status_code = 503
+
+
 class CustomIdsDisabled(ServeError):
     status_code = 405
 

@@ -59,7 +59,7 @@ _REASONS = {
     415: "A body that is not declared Content-Type: application/json",
     431: "Request header fields too large, or too many of them",
     422: "The body is missing, is not JSON, is not an object, or does not match the schema; the detail names the problem",
-    503: "Session limit reached, every event stream slot taken (--max-streams), or the server is shutting down",
+    503: "Session limit reached, every event stream or long-poll slot taken (--max-streams, --threads; Retry-After says when to try again), or the server is shutting down",
 }
 
 
@@ -150,7 +150,7 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
         },
         "/sessions/{session_id}": {
             "put": _operation("Create a session with a client-chosen UUID", (201, "Created", session), [400, 405, 409, 413, 422, 503], body=("CreateSessionRequest", False), params=[_SESSION_ID], headers=_LOCATION, auth=auth),
-            "get": _operation("Get a session, or long poll it", (200, "The session", session), [400, 404], params=wait_params, auth=auth),
+            "get": _operation("Get a session, or long poll it", (200, "The session", session), [400, 404, 503], params=wait_params, auth=auth),
             "delete": _operation("Delete a session (kills its turn)", (204, "Deleted", None), [404], params=[_SESSION_ID], auth=auth),
         },
         "/sessions/{session_id}/messages": {
@@ -161,7 +161,7 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
             "post": _operation("Answer one pending interrupt", (200, "Delivered", _ref("ResumeAccepted")), [400, 404, 413, 422], body=("ResumeRequest", True), params=[_SESSION_ID], auth=auth),
         },
         "/interrupts": {
-            "get": _operation("The inbox: pending interrupts of every session, oldest first", (200, "Pending interrupts", {"type": "array", "items": _ref("InboxItem")}), [400], params=inbox_params, auth=auth),
+            "get": _operation("The inbox: pending interrupts of every session, oldest first", (200, "Pending interrupts", {"type": "array", "items": _ref("InboxItem")}), [400, 503], params=inbox_params, auth=auth),
         },
         "/events": {
             "get": _operation("Server-sent events of every session", (200, "An event stream", _STREAM), [400, 503], params=stream_params, auth=auth),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
 import requests
 
-from tests.conftest import Server
+from tests.conftest import Server, wait_until
 from tests.integration.serve.approvals.test_hitl import WebhookSink, interrupted, resume
 
 KEY = "k-" + uuid.uuid4().hex
@@ -150,3 +152,45 @@ def test_pending_interrupts_are_capped_per_turn(start_server) -> None:
     body = server.wait_for_status(sid, "error")
     assert "RuntimeError: Too many pending interrupts" in body["error"]
     assert "--max-interrupts" in body["error"]
+
+
+def test_past_the_long_poll_slots_a_wait_is_a_503_with_retry_after_and_the_client_backs_off(start_server) -> None:
+    """``--threads 10 --max-streams 1`` leaves one long-poll slot (10 threads, 8 kept for
+    resumes and health checks, one for a stream). With it taken, another ``?wait=true`` is
+    refused with 503 and ``Retry-After`` (an immediate 200 would invite a client polling in
+    a loop to spin), and changes nothing; the Python client waits as told and asks again,
+    and once its own poll's time is up reads the session without waiting."""
+    from motus.client import Client
+
+    server = start_server("tests.agents:dispatch", "--workers", "1", "--threads", "10", "--max-streams", "1")
+    held = server.create_session()
+    server.send(held, "hang")
+    holder: dict[str, requests.Response] = {}
+    thread = threading.Thread(target=lambda: holder.setdefault("r", server.get(f"/sessions/{held}", params={"wait": "true", "timeout": 30}, timeout=40)))
+    thread.start()
+    try:
+        other = server.create_session()
+
+        def refused() -> list[requests.Response]:  # a list: a 503 Response is falsy itself
+            response = server.get(f"/sessions/{other}", params={"wait": "true", "timeout": 0.05}, timeout=10)
+            return [response] if response.status_code == 503 else []
+
+        [response] = wait_until(refused, what="a long poll refused while the only slot is taken")  # type: ignore[misc]
+        assert response.headers["Retry-After"] == "1", response.headers
+        assert "--threads" in response.json()["detail"], response.text
+        inbox = server.get("/interrupts", params={"wait": "true", "timeout": 0.05}, timeout=10)
+        assert inbox.status_code == 503 and inbox.headers["Retry-After"] == "1", inbox.text
+        assert server.get(f"/sessions/{other}").json()["status"] == "idle"  # a plain read still answers
+
+        client = Client(server.url)
+        try:
+            started = time.monotonic()
+            assert client.get_session(other, wait=True, timeout=1.5).status == "idle"
+            assert time.monotonic() - started >= 1.0  # it waited as told rather than failing or spinning
+            assert client.inbox(wait=True, timeout=0.5) == []
+        finally:
+            client.close()
+    finally:
+        assert server.delete(f"/sessions/{held}").status_code == 204  # ends the held long poll
+        thread.join(20)
+    assert not thread.is_alive() and holder["r"].status_code == 404  # it ended with its session

@@ -165,11 +165,12 @@ class TurnPaused(ClientError):
         self.session = session
 
 
+#: The error class of each status with one of its own (503: ``_api_error``, which adds the
+#: server's ``Retry-After``).
 _ERRORS_BY_STATUS: dict[int, type[APIError]] = {
     401: Unauthorized,
     404: NotFound,
     409: Conflict,
-    503: Unavailable,
 }
 
 
@@ -448,8 +449,7 @@ class Client:
             except requests.RequestException:
                 response = None
             if response is not None and response.status_code >= 400:
-                error_class = _ERRORS_BY_STATUS.get(response.status_code, APIError)
-                error = error_class(_error_detail(response), response.status_code)
+                error = _api_error(response)
                 response.close()
                 if response.status_code != 503 or not reconnect:
                     raise error
@@ -522,11 +522,8 @@ class Client:
             ) from None
         except requests.RequestException:
             raise ConnectionFailed(self.base_url) from None
-        if response.status_code == 503:
-            raise Unavailable(_error_detail(response), 503, _retry_after(response))
         if response.status_code >= 400:
-            error_class = _ERRORS_BY_STATUS.get(response.status_code, APIError)
-            raise error_class(_error_detail(response), response.status_code)
+            raise _api_error(response)
         if response.status_code == 204 or not response.content:
             return None
         try:
@@ -536,6 +533,15 @@ class Client:
                 f"{method} {path} answered with a body that is not JSON: {response.text[:200]!r}",
                 response.status_code,
             ) from None
+
+
+def _api_error(response: requests.Response) -> APIError:
+    """The error an error status stands for, with the server's ``detail`` (and, for a 503,
+    its ``Retry-After``)."""
+    if response.status_code == 503:
+        return Unavailable(_error_detail(response), 503, _retry_after(response))
+    error_class = _ERRORS_BY_STATUS.get(response.status_code, APIError)
+    return error_class(_error_detail(response), response.status_code)
 
 
 def _retry_after(response: requests.Response) -> float | None:

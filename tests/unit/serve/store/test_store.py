@@ -431,12 +431,7 @@ def test_close_commits_what_was_handed_over_and_then_refuses(db_path: Path) -> N
     assert not errors and not closing.is_alive() and not committer._leading
     with pytest.raises(StoreError, match="is closed"):
         store.save(session("late"))
-    fresh = SqliteStore(store.url, store.path)
-    fresh.open()
-    try:
-        assert {r.session_id for r in fresh.load()} == {f"s{n}" for n in range(5)}
-    finally:
-        fresh.close()
+    assert {r.session_id for r in reopen(store)} == {f"s{n}" for n in range(5)}
 
 
 def test_a_writer_interrupted_while_it_waits_does_not_leave_the_store_without_a_leader(opened: SqliteStore) -> None:
@@ -545,9 +540,4 @@ def test_a_second_close_meanwhile_does_not_close_the_connection_under_writes_han
         closer.join(10)
         assert not closer.is_alive()
     assert not errors, errors
-    fresh = SqliteStore(store.url, store.path)
-    fresh.open()
-    try:
-        assert {r.session_id for r in fresh.load()} == {f"s{n}" for n in range(5)}
-    finally:
-        fresh.close()
+    assert {r.session_id for r in reopen(store)} == {f"s{n}" for n in range(5)}

@@ -23,8 +23,9 @@ replies ``done: <message>``. Where a command waits at a gate it writes ``started
 - ``grandchild-result``: forks a child that holds the pipe open (at most ``WAIT_SECONDS``),
   then returns normally (the worker sends its Result and exits);
 - ``grandchild-flood SECONDS``: forks a child that writes ``None`` frames back to back for
-  ``SECONDS`` (then creates ``flood-ended`` in ``$MOTUS_EXAMPLE_DIR``), and the worker exits
-  at once without a Result.
+  ``SECONDS`` (and creates ``flood-ended`` in ``$MOTUS_EXAMPLE_DIR`` only if it wrote for all
+  of them, not when a closed pipe or a kill ended it early), and the worker exits at once
+  without a Result.
 """
 
 from __future__ import annotations
@@ -136,10 +137,10 @@ async def attacker(message: ChatMessage, state: list[ChatMessage]) -> tuple[Chat
             try:
                 while time.monotonic() < deadline:
                     os.write(fd, chunk)
+                # For the test: the flood ran its whole length. Not written when the manager
+                # closed the pipe (EPIPE) or killed the group, which end the flood early.
+                (_root() / "flood-ended").touch()
             finally:
-                try:
-                    (_root() / "flood-ended").touch()  # for the test: the flood is over
-                finally:
-                    os._exit(0)
+                os._exit(0)
         os._exit(0)
     return reply, [*state, message, reply]

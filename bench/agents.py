@@ -36,3 +36,15 @@ async def approve_once(message: ChatMessage, state: list[ChatMessage]):
     resumed_at = time.time()
     response = ChatMessage.assistant_message(content=f"{resumed_at!r}", user_params={"value": value})
     return response, state + [message, response]
+
+
+async def waiters(message: ChatMessage, state: list[ChatMessage]):
+    """For ``bench/waiters_bench.py``: ``wait`` interrupts with a tool approval and
+    ``question`` with a question, each stamped with when ``interrupt()`` was called;
+    anything else is echoed."""
+    if message.content in ("wait", "question"):
+        kind = "tool_approval" if message.content == "wait" else "user_input"
+        value = await interrupt({"type": kind, "tool_name": "bench", "tool_args": {}, "called_at": time.time()})
+        response = ChatMessage.assistant_message(content=repr(value))
+        return response, state + [message, response]
+    return await echo(message, state)

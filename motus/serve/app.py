@@ -49,6 +49,7 @@ from motus.serve.live import describe_turn
 from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
 from motus.serve.turns import SessionStatus, SessionView
+from motus.serve.waiting import current as current_ticket
 
 log = logging.getLogger(__name__)
 
@@ -399,16 +400,24 @@ def list_sessions() -> Response:
 WAITER_RETRY_AFTER = 1
 
 
-def _take_waiter(waiters: Any) -> None:
+def _take_waiter(waiters: Any) -> Any:
     """A long-poll slot for this request, or a 503 with ``Retry-After``: past the cap a
     ``?wait=true`` is refused, not answered at once (a client that long-polls in a loop would
-    then spin)."""
-    if waiters is not None and not waiters.acquire(blocking=False):
+    then spin). Returns the slots to give one back to, or None when none was taken: no cap,
+    or a request its worker can hold without a thread (``waiting``), which needs no slot
+    (should the worker's cap be reached before it waits, it waits on its thread regardless:
+    one request a thread, so at most ``--threads`` beyond the cap)."""
+    ticket = current_ticket()
+    if waiters is None or (ticket is not None and ticket.may_hold()):
+        return None
+    if not waiters.acquire(blocking=False):
         raise TooManyWaiters(
-            "Too many long polls waiting at once (the request threads left for them, see --threads); "
+            "Too many long polls waiting at once (the request threads left for them, see --threads, "
+            "once --max-waiting are held without one); "
             f"try again in {WAITER_RETRY_AFTER} s, or open an event stream (GET /sessions/{{id}}/events)",
             headers={"Retry-After": str(WAITER_RETRY_AFTER)},
         )
+    return waiters
 
 
 @api.get("/sessions/<session_id>")
@@ -416,9 +425,8 @@ def get_session(session_id: str) -> Response:
     turns = _server().turns
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)  # checked even when unused
-    waiters = _server().waiters
     if _flag("wait"):
-        _take_waiter(waiters)
+        waiters = _take_waiter(_server().waiters)
         try:
             with _server().metrics.long_poll():
                 turns.wait(session_id, timeout)  # until it changes; what it is then is read below
@@ -470,9 +478,9 @@ def inbox() -> Response:
     kind = _query("type") or None
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)
-    turns, waiters = _server().turns, _server().waiters
+    turns = _server().turns
     if _flag("wait"):
-        _take_waiter(waiters)
+        waiters = _take_waiter(_server().waiters)
         try:
             with _server().metrics.long_poll():
                 found = turns.wait_inbox(kind, timeout)

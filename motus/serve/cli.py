@@ -235,6 +235,7 @@ def start(**opts: Any) -> None:
         port=opts["port"],
         threads=opts["threads"],
         shutdown_timeout=opts["shutdown_timeout"],
+        max_waiting=opts["max_waiting"],
         log_level=opts["log_level"],
         read_timeout=opts["read_timeout"],
         log_format=opts["log_format"],

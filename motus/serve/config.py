@@ -190,7 +190,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allow_custom_ids", "--allow-custom-ids", click.BOOL, False, "Allow PUT /sessions/{id} with a client-chosen UUID.", kind="flag"),
     Setting("log_level", "--log-level", click.Choice(LOG_LEVELS, case_sensitive=False), "info", "Lowest level of log lines written.", keyword=None),
     Setting("ui", "--no-ui", click.BOOL, True, "Do not serve the web chat at /ui/.", env="MOTUS_UI", kind="flag", negated=True),
-    Setting("threads", "--threads", click.IntRange(1), 128, "HTTP request threads (each long poll holds one)."),
+    Setting("threads", "--threads", click.IntRange(1), 128, "HTTP request threads (a waiting long poll or stream holds none under motus serve start, one elsewhere)."),
     Setting(
         "api_keys", "--api-key", click.STRING, (),
         "Require 'Authorization: Bearer KEY' (repeat to accept several keys; default: $MOTUS_API_KEY, comma-separated).",
@@ -214,7 +214,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Let webhooks reach this network or host even where it would be refused (repeatable).",
         kind="list", metavar="CIDR|HOST",
     ),
-    Setting("max_streams", "--max-streams", click.IntRange(0), 64, "Event streams (GET /events) open at once; each holds a request thread; 0 = no cap."),
+    Setting("max_streams", "--max-streams", click.IntRange(0), 64, "Event streams (GET /events) holding a request thread at once (under motus serve start a waiting stream holds none; see --max-waiting); 0 = no cap."),
+    Setting(
+        "max_waiting", "--max-waiting", click.IntRange(0), 10_000,
+        "Long polls and event streams held waiting without a thread (motus serve start, or gunicorn with -k motus.serve.gunicorn.MotusWorker); past it they wait on a request thread.",
+        metavar="N",
+    ),
     Setting(
         "webhook_secret", "--webhook-secret", click.STRING, None,
         "Sign webhook deliveries (X-Motus-Signature: sha256=HMAC of the body); default: $MOTUS_WEBHOOK_SECRET.",

@@ -14,11 +14,17 @@ Rules:
 - ``wait`` evaluates ``check`` under the session's Condition, so a publish between the check
   and the wait cannot be missed.
 - ``close`` (server shutdown) releases every waiter at once.
-- ``ALL`` is a key of its own: every ``publish`` also wakes its waiters (the inbox and the
-  stream of every session's events), so a session's stream is woken only by that session.
+- ``ALL`` is a key of its own: every ``publish`` also wakes its waiters (the stream of every
+  session's events), so a session's stream is woken only by that session. ``INBOX`` (the
+  inbox long polls) is woken by a publish that may have changed pending interrupts.
+- A request whose server can hold it without a thread (``waiting.current()`` gives a
+  ``Ticket``) does not block: ``wait`` and ``hold`` register its ticket with the watch, under
+  the same Condition, and ``wait`` raises ``Parked``; ``publish`` and ``close`` wake the
+  registered tickets as they notify the blocked threads (see ``motus.serve.waiting``).
 
 Thread ownership: ``_watched`` and ``_closing`` are guarded by ``_lock``; each ``_Watch``'s
-fields by its own Condition.
+``waiters`` and ``parked`` by ``_lock`` too (taken inside the watch's Condition, never the
+other way round), the rest of a watch by its Condition.
 """
 
 from __future__ import annotations
@@ -26,19 +32,32 @@ from __future__ import annotations
 import threading
 import time
 from datetime import datetime, timezone
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
+
+from motus.serve.waiting import Parked, Ticket, current
 
 T = TypeVar("T")
 
 #: Wait on this key to be woken by a change to any session.
 ALL = "*"
+#: Wait on this key to be woken when a session's pending interrupts may have changed (the
+#: inbox): every publish that says so, and every publish of ``ALL``. ``inbox_key(kind)`` is
+#: the same for one type of interrupt.
+INBOX = "*inbox"
+
+
+def inbox_key(kind: str | None) -> str:
+    """The key an inbox long poll (of interrupts of type ``kind``, or all) waits on."""
+    return INBOX if kind is None else f"{INBOX}:{kind}"
 
 
 class _Watch:
-    def __init__(self) -> None:
+    def __init__(self, key: str) -> None:
+        self.key = key
         self.cond = threading.Condition(threading.Lock())
-        self.waiters = 0
+        self.waiters = 0  # threads waiting, plus tickets parked here
+        self.parked: set[Ticket] = set()
 
 
 class Events:
@@ -46,26 +65,51 @@ class Events:
         self._lock = threading.Lock()
         self._watched: dict[str, _Watch] = {}
         self._closing = False
+        #: Counts the publishes that may have changed the inbox (what ``inbox_generation``
+        #: says), so that a reader can keep the inbox it computed until the next one.
+        self._inbox_generation = 0
 
     @property
     def closing(self) -> bool:
         return self._closing
 
-    def publish(self, session_id: str) -> None:
+    @property
+    def inbox_generation(self) -> int:
+        """Changes whenever a publish may have changed some session's pending interrupts,
+        before the inbox long polls are woken: an inbox computed after reading it is good
+        until it changes."""
+        return self._inbox_generation
+
+    def publish(self, session_id: str, inbox: bool | Collection[str] = True) -> None:
+        """Wake whoever waits on ``session_id`` or ``ALL``, and the inbox long polls: all of
+        them (``inbox=True``: the publisher cannot tell what changed), none (``False`` or
+        empty: the session's pending interrupts did not change), or those of every inbox and
+        of the types given (the types of the interrupts that came or went)."""
         with self._lock:
+            if inbox:
+                self._inbox_generation += 1
             watches = [self._watched.get(session_id), self._watched.get(ALL)]
+            if inbox is True or session_id == ALL:
+                watches += [watch for key, watch in self._watched.items() if key.startswith(INBOX)]
+            elif inbox:
+                watches += [self._watched.get(INBOX), *(self._watched.get(inbox_key(kind)) for kind in inbox)]
         for watch in watches:
             if watch is not None:
                 with watch.cond:
                     watch.cond.notify_all()
+                    tickets = self._unpark_locked(watch, None)
+                for ticket in tickets:
+                    ticket.wake()
 
     def wait(self, session_id: str, check: Callable[[], T | None], timeout: float) -> T | None:
         """Return ``check()`` as soon as it is not None, or None after ``timeout`` seconds or
-        when the server is closing. ``check`` may raise (an unknown session): that propagates."""
-        with self._lock:
-            watch = self._watched.setdefault(session_id, _Watch())
-            watch.waiters += 1
-        deadline = time.monotonic() + timeout
+        when the server is closing. ``check`` may raise (an unknown session): that propagates.
+
+        Served with a ticket its worker may hold: raises ``Parked`` instead of blocking, and
+        a run of the same request after a park waits only until the first run's deadline."""
+        ticket = current()
+        deadline = ticket.deadline if ticket is not None and ticket.deadline is not None else time.monotonic() + timeout
+        watch = self._enter(session_id)
         try:
             with watch.cond:
                 while True:
@@ -75,12 +119,73 @@ class Events:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return None
+                    if ticket is not None and ticket.may_hold():
+                        ticket.deadline = deadline
+                        self._park_locked(watch, ticket)
+                        raise Parked(ticket)
                     watch.cond.wait(remaining)
         finally:
-            with self._lock:
-                watch.waiters -= 1
-                if not watch.waiters and self._watched.get(session_id) is watch:
-                    del self._watched[session_id]
+            self._leave(watch)
+
+    def hold(self, key: str, check: Callable[[], object], ticket: Ticket) -> bool:
+        """For a response already under way (an event stream): register ``ticket`` on
+        ``key`` unless ``check()`` is truthy or the server is closing. True if registered:
+        the caller hands itself to its worker, which is woken by the next publish."""
+        watch = self._enter(key)
+        try:
+            with watch.cond:
+                if self._closing or check():
+                    return False
+                self._park_locked(watch, ticket)
+                return True
+        finally:
+            self._leave(watch)
+
+    def forget(self, ticket: Ticket) -> None:
+        """The worker gave up a parked ticket (deadline, client gone, stop): unregister it."""
+        watch = ticket.watch
+        if watch is not None:
+            with watch.cond:
+                self._unpark_locked(watch, ticket)
+
+    def _enter(self, key: str) -> _Watch:
+        with self._lock:
+            watch = self._watched.get(key)
+            if watch is None:
+                watch = self._watched[key] = _Watch(key)
+            watch.waiters += 1
+            return watch
+
+    def _leave(self, watch: _Watch) -> None:
+        with self._lock:
+            self._drop_locked(watch)
+
+    def _drop_locked(self, watch: _Watch) -> None:
+        watch.waiters -= 1
+        if not watch.waiters and self._watched.get(watch.key) is watch:
+            del self._watched[watch.key]
+
+    def _park_locked(self, watch: _Watch, ticket: Ticket) -> None:
+        """Under ``watch.cond``: register the ticket (it counts as a waiter until unparked)."""
+        with self._lock:
+            watch.waiters += 1
+            watch.parked.add(ticket)
+            ticket.watch, ticket.events = watch, self
+            ticket.arm()
+
+    def _unpark_locked(self, watch: _Watch, only: Ticket | None) -> list[Ticket]:
+        """Under ``watch.cond``: unregister ``only``, or every parked ticket (returned, to be
+        woken once the Condition is released)."""
+        with self._lock:
+            if only is not None:
+                tickets = [only] if only in watch.parked else []
+            else:
+                tickets = list(watch.parked)
+            for ticket in tickets:
+                watch.parked.discard(ticket)
+                ticket.watch = None
+                self._drop_locked(watch)
+        return tickets
 
     def close(self) -> None:
         with self._lock:
@@ -89,6 +194,9 @@ class Events:
         for watch in watches:
             with watch.cond:
                 watch.cond.notify_all()
+                tickets = self._unpark_locked(watch, None)
+            for ticket in tickets:
+                ticket.wake()
 
 
 def isoformat(when: float | None) -> str | None:

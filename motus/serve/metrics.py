@@ -73,6 +73,9 @@ class Hooks:
     def long_poll(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
+    def held_long_polls(self, delta: int) -> None:
+        """Long polls the serving worker holds without a thread, more (or fewer) by ``delta``."""
+
     def request(self, method: str, endpoint: str | None, status: int) -> None:
         pass
 
@@ -171,6 +174,9 @@ class ServerMetrics(Hooks):
 
     def long_poll(self) -> AbstractContextManager[Any]:
         return self.long_polls.track_inprogress()
+
+    def held_long_polls(self, delta: int) -> None:
+        self.long_polls.inc(delta)
 
     def request(self, method: str, endpoint: str | None, status: int) -> None:
         key = (method, endpoint, status)

@@ -71,7 +71,9 @@ class AgentServer:
     no budget; the default is ``default_live_turns(max_workers)``. Only where turns park.
     ``threads``: the request threads it is served with; event streams get at most
     ``max_streams`` of them and long polls what is left (``max_waiters``, unless given; 0 =
-    no cap), keeping ``config.RESERVED_THREADS`` for resumes and health checks. Every
+    no cap), keeping ``config.RESERVED_THREADS`` for resumes and health checks; those
+    budgets bound only waits that hold a thread: served by ``MotusWorker``, up to
+    ``max_waiting`` waiting long polls and streams are held without one (``waiting.py``). Every
     default is the settings table's (``motus.serve.config``): ``AgentServer(agent)`` serves
     as ``motus serve start agent`` with no flags does.
     """
@@ -101,6 +103,7 @@ class AgentServer:
         webhook_allow: list[str] | None = None,
         agent_fn: Any = None,
         max_streams: int = DEFAULTS["max_streams"],
+        max_waiting: int = DEFAULTS["max_waiting"],
         webhook_secret: str | None = DEFAULTS["webhook_secret"],
         metrics_port: int | None = DEFAULTS["metrics_port"],
         threads: int = DEFAULTS["threads"],
@@ -129,6 +132,7 @@ class AgentServer:
         self.max_interrupts = max_interrupts
         self._streams_wanted = max_streams
         self._waiters_wanted = max_waiters
+        self.max_waiting = max_waiting
         self._share_threads(threads)
         if store is None:
             store = default_store_url(self.agent_path)

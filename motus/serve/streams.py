@@ -22,12 +22,16 @@ after an id the log never issued (one from an earlier server life), gets a ``res
 (reload the state, then carry on from its id). A session's stream ends after its ``deleted``
 status; every stream ends when the server shuts down.
 
-Streams hold a request thread each, so at most ``--max-streams`` are open at once (503
-beyond), leaving the other threads to resumes and health checks.
+A stream that waits on a thread holds one, so at most ``--max-streams`` do at once (503
+beyond), leaving the other threads to resumes and health checks. Served by ``MotusWorker``
+a waiting stream holds no thread (``_Stream``, ``motus.serve.waiting``): it gives its slot
+back at its first wait, and the worker holds up to ``--max-waiting`` of them.
 
-Threads: a stream's generator runs on its request thread; it waits on ``Events`` (woken by
+Threads: a stream's body is iterated by one thread at a time: its request thread, or, once
+parked, whichever thread the worker resumes it on; it waits on ``Events`` (woken by
 ``publish`` after each commit) and reads the store. The slot is released by ``close``,
-which the WSGI server calls however the response ends (also when it was never iterated).
+which the WSGI server calls however the response ends (also when it was never iterated),
+or at the first park.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from flask import Response
 from motus.serve.errors import BadRequest, TooManyStreams
 from motus.serve.events import ALL, isoformat
 from motus.serve.store import Event
+from motus.serve.waiting import Parked, Ticket, current
 
 #: A comment line this often keeps proxies from closing an idle stream.
 KEEPALIVE_SECONDS = 15.0
@@ -81,48 +86,116 @@ def _cursor(last_event_id: str | None, after: str | None) -> int | None:
 
 
 class StreamSlots:
-    """``--max-streams``: a counter rather than a semaphore so /health can show it."""
+    """``--max-streams``: streams holding a request thread (``on_threads``, capped) and all
+    open streams (``open``, for /health and the metrics; a stream held by the worker without
+    a thread counts there only). Counters rather than a semaphore so /health can show them."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.on_threads = 0
         self._lock = threading.Lock()
 
-    def take(self) -> bool:
+    def take(self, held: bool = False) -> bool:
+        """A new stream: ``held`` when its worker can hold it without a thread (no slot is
+        taken then); otherwise a slot, if one is free."""
         with self._lock:
-            if self.limit and self.open >= self.limit:
+            if not held and self.limit and self.on_threads >= self.limit:
                 return False
             self.open += 1
+            if not held:
+                self.on_threads += 1
             return True
 
-    def give(self) -> None:
+    def take_thread(self) -> bool:
+        """A held stream must wait on its thread after all (``--max-waiting`` reached)."""
+        with self._lock:
+            if self.limit and self.on_threads >= self.limit:
+                return False
+            self.on_threads += 1
+            return True
+
+    def off_thread(self) -> None:
+        """A stream stopped holding a thread (its worker holds it now)."""
+        with self._lock:
+            self.on_threads -= 1
+
+    def give(self, on_thread: bool = True) -> None:
         with self._lock:
             self.open -= 1
+            if on_thread:
+                self.on_threads -= 1
+
+
+#: What ``_Stream._events`` yields where it would wait, when its server can hold it.
+_PARK = object()
 
 
 class _Stream:
-    """The response body: an iterator whose ``close`` always gives the slot back."""
+    """The response body: an iterator whose ``close`` always gives the slot back.
 
-    def __init__(self, server: Any, session_id: str | None, after: int | None, sock: socket.socket | None = None) -> None:
+    Served with a ticket (``waiting.current()``, under ``MotusWorker``), it does not wait on a
+    thread: where it would, it registers the ticket with ``Events.hold`` and ``__next__``
+    raises ``Parked``; the worker keeps the connection, sends the keepalives itself, and
+    calls ``__next__`` again (on some thread) once woken. The first park gives the stream
+    slot back (a held stream holds no thread, which is what the slots budget); from then on
+    the worker owns the stream, and ends it with ``end`` (a ``close`` by the WSGI server
+    while it is parked is the worker's hand-over, not the end)."""
+
+    #: For the worker holding a parked stream: the comment it sends, and how often.
+    keepalive = b": keepalive\n\n"
+    keepalive_every = KEEPALIVE_SECONDS
+
+    def __init__(
+        self, server: Any, session_id: str | None, after: int | None, sock: socket.socket | None = None,
+        ticket: Ticket | None = None, on_thread: bool = True,
+    ) -> None:
         self.server = server
         self.sock = sock
         self.session_id = session_id
         self.after = after
+        self.ticket = ticket
+        self.parked = False
+        self._on_thread = on_thread  # counts in the slots' ``on_threads``
         self._closed = False
         self._lock = threading.Lock()
+        self._texts = self._events()
+        if ticket is not None:
+            ticket.stream = self
 
     def __iter__(self) -> Iterator[bytes]:
-        for text in self._events():
-            yield text.encode("utf-8")
+        return self
+
+    def __next__(self) -> bytes:
+        self.parked = False
+        text = next(self._texts)
+        if text is _PARK:
+            assert self.ticket is not None
+            self.parked = True
+            with self._lock:
+                first, self._on_thread = self._on_thread, False
+            if first:
+                self.server.streams.off_thread()  # the worker holds it now: no thread, no slot
+            raise Parked(self.ticket)
+        return text.encode("utf-8")
 
     def close(self) -> None:
+        if self.parked:
+            return  # handed to the worker, which calls ``end``
+        self.end()
+
+    def end(self) -> None:
+        """The stream is over (any thread, once it is not being iterated)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self.server.streams.give()
+            on_thread = self._on_thread
+        self.parked = False
+        self.server.streams.give(on_thread)
+        self._texts.close()
 
-    def _events(self) -> Iterator[str]:
+    def _events(self) -> Iterator[Any]:
         store, events = self.server.store, self.server.events
         yield f"retry: {RETRY_MILLISECONDS}\n\n"
         oldest, newest = store.event_bounds()
@@ -153,6 +226,20 @@ class _Stream:
             if events.closing:
                 return
             seen = last
+            ticket = self.ticket
+            if ticket is not None and ticket.may_hold():
+                # Held by the worker until a publish of ``key`` (or the server closing); it
+                # sends the keepalives meanwhile.
+                if events.hold(key, lambda: store.events_after(seen, self.session_id, 1), ticket):
+                    yield _PARK
+                continue
+            if not self._on_thread:
+                # Past --max-waiting: this stream waits on its thread, if a slot is free;
+                # otherwise it ends, and its client reconnects (``retry:``) to a 503 or a slot.
+                if not self.server.streams.take_thread():
+                    return
+                with self._lock:
+                    self._on_thread = True
             idle_until = time.monotonic() + KEEPALIVE_SECONDS
             woke = None
             while woke is None and not events.closing and time.monotonic() < idle_until:
@@ -184,17 +271,20 @@ def event_stream(
 ) -> Response:
     """The ``text/event-stream`` response, or 503 when every stream slot is taken."""
     cursor = _cursor(last_event_id, after)
-    if not server.streams.take():
+    ticket = current()
+    held = ticket is not None and ticket.may_hold()
+    if not server.streams.take(held=held):
         raise TooManyStreams(
             f"Too many open event streams ({server.streams.limit}, see --max-streams); close one, "
             "or long-poll GET /sessions/{id}?wait=true instead",
             headers={"Retry-After": "5"},
         )
     try:
-        stream = _Stream(server, session_id, cursor, sock)
-        response = Response(stream, mimetype="text/event-stream")
+        stream = _Stream(server, session_id, cursor, sock, ticket, on_thread=not held)
+        # Passed through as it is, so that a park reaches the worker from ``__next__``.
+        response = Response(stream, mimetype="text/event-stream", direct_passthrough=True)
     except BaseException:
-        server.streams.give()
+        server.streams.give(not held)
         raise
     response.headers["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
     return response

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import requests
 from playwright.sync_api import expect
 
 from tests.agents.ui import SCRIPT_REPLY
+from tests.browser.conftest import UI_AGENT
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -127,3 +132,45 @@ def test_a_failed_turn_shows_its_error(open_chat, shared_ui_server):
     chat.send("hello again")
     expect(chat.reply("echo: hello again")).to_be_visible()
     expect(error).to_be_hidden()
+
+
+def test_a_busy_server_is_waited_out_not_reported_as_lost_contact(open_chat, start_server, tmp_path):
+    """With the one stream slot and the one long-poll slot taken (``--max-waiting 0``: every
+    wait on a thread), the page's stream and long polls get 503 with ``Retry-After``: it
+    waits as told and asks again, says the server is busy (never that contact was lost), and
+    shows the reply once a slot is free."""
+    server = start_server(UI_AGENT, "--max-waiting", "0", "--threads", "10", "--max-streams", "1")
+    stream = requests.get(server.url + "/events", stream=True, timeout=30)  # the stream slot
+    assert stream.status_code == 200
+    blocker_gate = tmp_path / "blocker"
+    blocker = server.create_session()
+    server.send(blocker, f"gate {blocker_gate}")
+    held: list[requests.Response] = []
+    poll = threading.Thread(target=lambda: held.append(server.get(f"/sessions/{blocker}", params={"wait": "true", "timeout": 30}, timeout=40)))
+    poll.start()
+    try:
+        probe = server.create_session()
+        server.send(probe, f"gate {blocker_gate}")
+        wait_until(lambda: server.get(f"/sessions/{probe}", params={"wait": "true", "timeout": 0.05}).status_code == 503,
+                   what="the long-poll slot taken")
+        chat = open_chat(server).open()
+        chat.page.evaluate("""() => {
+            window.noticeLog = [];
+            const text = document.getElementById("notice-text");
+            new MutationObserver(() => window.noticeLog.push(text.textContent)).observe(text, {childList: true, characterData: true, subtree: true});
+        }""")
+        gate = tmp_path / "gate"
+        chat.send(f"gate {gate}")
+        notice = chat.page.locator("#notice")
+        expect(notice).to_contain_text("busy")
+        gate.touch()
+        blocker_gate.touch()  # the held long poll answers: its slot is free again
+        expect(chat.reply("gate opened")).to_be_visible()
+        expect(notice).to_be_hidden()
+        seen = chat.page.evaluate("() => window.noticeLog")
+        assert seen and not [text for text in seen if "Lost contact" in text], seen
+    finally:
+        blocker_gate.touch()
+        poll.join(40)
+        stream.close()
+    assert held and held[0].status_code == 200

@@ -122,6 +122,7 @@ def run_gunicorn(
     port: int,
     threads: int,
     shutdown_timeout: float,
+    max_waiting: int = 10_000,
     log_level: str = "info",
     read_timeout: float = 10.0,
     log_format: str = "text",
@@ -137,9 +138,10 @@ def run_gunicorn(
         "workers": 1,
         "worker_class": "motus.serve.gunicorn.MotusWorker",
         "threads": threads,
-        # Connections the worker holds at once (idle keep-alive ones included); gunicorn's
-        # 1,000 would refuse every new client once that many event streams are open.
-        "worker_connections": threads + 1000,
+        # Connections the worker holds at once: requests on threads, waits held without one
+        # (--max-waiting), and 1,000 more idle keep-alive ones; gunicorn's 1,000 would refuse
+        # every new client once that many event streams are open.
+        "worker_connections": threads + max_waiting + 1000,
         "timeout": 60,
         "graceful_timeout": graceful,
         "keepalive": 5,

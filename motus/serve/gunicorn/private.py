@@ -53,8 +53,10 @@ def control_socket_options(settings: dict[str, Any]) -> dict[str, Any]:
 # length of one ``handle`` (see ``serving_from``). Fields checked in 24.1.1-27.0.1: ``sock``,
 # ``client``, ``parser`` (``None`` until ``init``), ``init()``; ``data_ready`` exists from 26.0
 # (setting it on an older TConn is harmless: nothing reads it there). ``MotusWorker`` also keeps
-# three attributes of its own on a TConn (``motus_leftover``, ``motus_request``,
-# ``motus_answer``), which needs TConn to be a plain class without ``__slots__`` (it is).
+# attributes of its own on a TConn (``motus_leftover``, ``motus_request``, ``motus_answer``,
+# and for a request held while it waits ``motus_ticket``, ``motus_rerun``, ``motus_pump``,
+# ``motus_woken``, ``motus_chunked``), which needs TConn to be a plain class without
+# ``__slots__`` (it is).
 
 
 def socket_of(conn: Any) -> Any:
@@ -249,6 +251,11 @@ class WorkerSeam(ThreadWorker):
             self.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
             pass  # not registered, or already closed: nothing to stop watching
+
+    def call_in_main_loop(self, callback: Any, *args: Any) -> None:
+        """From any thread: run ``callback(*args)`` in the main loop soon (gthread's
+        ``method_queue.defer``, a queue and a wake-up pipe; present 24.0-27.0.1)."""
+        self.method_queue.defer(callback, *args)
 
     def close_connection(self, conn: Any) -> None:
         """Close a connection the worker holds in none of its tables any more."""

@@ -15,17 +15,25 @@ Guarantees (see ``MotusWorker`` for how):
 - A thread never waits to write its answer: what the socket does not take at once is sent by
   the main loop, and a client that does not take it within ``--read-timeout`` (plus a second
   per 256 KiB) is disconnected. Memory held for clients is bounded (``MAX_BUFFERED_TOTAL``).
+- A long poll or event stream that waits holds no thread (``motus.serve.waiting``): the main
+  loop keeps up to ``--max-waiting`` of them in its selector (``_held``) until their ticket is
+  woken or their deadline passes, then a thread serves the long poll again, or resumes the
+  stream, on the same connection. A held client that hangs up is forgotten at once; a held
+  stream's keepalive comment is sent by the main loop.
 - On SIGTERM the long polls are released at once (``begin_shutdown`` on a fresh thread); a
   SIGQUIT/SIGINT during the server's shutdown hurries it instead of raising into it.
 
-Threads: the tables of connections being read, written and closed (``_reading``,
-``_writing``, ``_lingering``) belong to the main loop; a request thread touches only its own
-connection and, under ``_buffered_lock``, the byte count and the drop counts. gunicorn's
+Threads: the tables of connections being read, written, held and closed (``_reading``,
+``_writing``, ``_held``, ``_lingering``) belong to the main loop; a request thread touches
+only its own connection and, under ``_buffered_lock``, the byte count and the drop counts;
+any thread may append a woken ticket to ``_woken`` (under ``_woken_lock``). gunicorn's
 internals are reached only through ``private`` (``WorkerSeam`` and its helpers).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -33,6 +41,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -46,6 +55,7 @@ from motus.serve.gunicorn.framing import (
     timeout_detail,
 )
 from motus.serve.processes import fork_zygote_early
+from motus.serve.waiting import Parked, Ticket, serving
 from motus.serve.gunicorn.private import (
     HeldRequest,
     WorkerSeam,
@@ -74,6 +84,31 @@ DROP_LOG_INTERVAL = 60.0
 
 _READ_CHUNK = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class _Parked:
+    """A thread's result for a request it handed to the main loop to hold (``waiting``)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "PARKED"
+
+
+PARKED = _Parked()
+
+
+def _framed(data: bytes, chunked: bool) -> bytes:
+    """``data`` as the next piece of a response body (one chunk when it is chunked)."""
+    return b"%X\r\n%s\r\n" % (len(data), data) if chunked else data
+
+
+def _chunked(request: bytes | bytearray) -> bool:
+    """Whether gunicorn chunks a streamed answer to this request: from HTTP/1.1 on."""
+    line_end = request.find(b"\r\n")
+    return not bytes(request[:line_end if line_end >= 0 else len(request)]).rstrip().endswith(b"HTTP/1.0")
 
 
 def server_of(worker: Any) -> Any:
@@ -131,6 +166,11 @@ class MotusWorker(WorkerSeam):
         self._lingering: dict[Any, list[float]] = {}  # [deadline, bytes drained]; deadline order
         self._buffered = 0  # bytes held for clients: requests being read, answers being sent
         self._buffered_lock = threading.Lock()
+        self._held: dict[Any, float] = {}  # waiting requests held without a thread -> deadline
+        self._held_deadlines: list[tuple[float, int, Any]] = []  # heap; stale entries skipped
+        self._held_order = itertools.count()
+        self._woken: deque[tuple[Any, Ticket]] = deque()
+        self._woken_lock = threading.Lock()
         self._counts = {"timed out": 0, "refused": 0, "unread": 0}
         self._counts_logged_at = -math.inf
         self._notified_at = -math.inf
@@ -373,7 +413,9 @@ class MotusWorker(WorkerSeam):
             self.close_connection(conn)
 
     def _after_answer(self, conn: Any, fs: Any, result: Any) -> None:
-        if not result:
+        if result is PARKED:
+            self._hold(conn)
+        elif not result:
             self._linger(conn)
         elif getattr(conn, "motus_leftover", b""):
             self.motus_enqueue(conn)  # the next request is here already: the socket may stay quiet
@@ -410,6 +452,170 @@ class MotusWorker(WorkerSeam):
             self.unwatch(conn)
             self.close_connection(conn)
 
+
+    # -- the main loop: hold waiting requests without a thread ------------------------------
+
+    def _may_hold(self) -> bool:
+        """Any thread: whether one more waiting request may be held (``--max-waiting``)."""
+        server = server_of(self)
+        return server is not None and self.alive and len(self._held) < getattr(server, "max_waiting", 0)
+
+    def _new_ticket(self, conn: Any) -> Ticket:
+        return Ticket(partial(self._wake, conn), self._may_hold)
+
+    def _wake(self, conn: Any, ticket: Ticket) -> None:
+        """Any thread (a publisher): the ticket's event came; the main loop resumes it."""
+        with self._woken_lock:
+            first = not self._woken
+            self._woken.append((conn, ticket))
+        if first:
+            self.call_in_main_loop(self._run_woken)
+
+    def _run_woken(self) -> None:
+        with self._woken_lock:
+            woken = list(self._woken)
+            self._woken.clear()
+        for conn, ticket in woken:
+            if getattr(conn, "motus_ticket", None) is not ticket:
+                continue  # that request is over
+            if conn in self._held:
+                self._resume(conn)
+            else:
+                conn.motus_woken = True  # woken before its thread handed it over: resumed then
+
+    def _hold(self, conn: Any) -> None:
+        ticket: Ticket = conn.motus_ticket
+        stream = ticket.stream
+        deadline = time.monotonic() + stream.keepalive_every if stream is not None else (ticket.deadline or 0.0)
+        self._held[conn] = deadline
+        heapq.heappush(self._held_deadlines, (deadline, next(self._held_order), conn))
+        if stream is None:
+            self._count_held_poll(1)
+        try:
+            socket_of(conn).setblocking(False)
+            self.watch(conn, selectors.EVENT_READ, partial(self._on_held_readable, conn))
+        except (OSError, ValueError, KeyError):
+            self._release(conn)
+            return
+        if getattr(conn, "motus_woken", False):
+            self._resume(conn)
+
+    def _count_held_poll(self, delta: int) -> None:
+        """The long-poll gauge counts held long polls too (they wait, on no thread)."""
+        server = server_of(self)
+        if server is not None:
+            server.metrics.held_long_polls(delta)
+
+    def _on_held_readable(self, conn: Any, _sock: Any) -> None:
+        if conn not in self._held:
+            return
+        try:
+            data = socket_of(conn).recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.unwatch(conn)  # its next request (pipelined): read once this one is answered
+        else:
+            self._release(conn)  # the client hung up: nobody to answer
+
+    def _resume(self, conn: Any) -> None:
+        """Serve a held request on a thread again: a long poll from the start (its wait ends
+        at its first deadline), a stream where it parked."""
+        del self._held[conn]
+        self.unwatch(conn)
+        conn.motus_woken = False
+        ticket: Ticket = conn.motus_ticket
+        if ticket.stream is None:
+            self._count_held_poll(-1)
+        if ticket.stream is not None:
+            conn.motus_pump = True
+        else:
+            data = conn.motus_rerun
+            conn.motus_rerun = None
+            self.add_buffered(len(data))
+            conn.motus_request = data
+        self.gunicorn_enqueue(conn)
+
+    def _release(self, conn: Any) -> None:
+        """Give a held request up (its client left, or the worker stops) and close it."""
+        was_held = self._held.pop(conn, None) is not None
+        self.unwatch(conn)
+        ticket: Ticket | None = getattr(conn, "motus_ticket", None)
+        conn.motus_ticket = conn.motus_rerun = None
+        if was_held and ticket is not None and ticket.stream is None:
+            self._count_held_poll(-1)
+        if ticket is not None:
+            ticket.cancel()
+            if ticket.stream is not None:
+                ticket.stream.end()
+        self.close_connection(conn)
+
+    def _expire_held(self, now: float, force: bool) -> None:
+        """Held requests past their deadline: a long poll is served again (and answers what
+        is); a stream gets its keepalive comment, sent from here, and waits on."""
+        if force:
+            for conn in list(self._held):
+                self._release(conn)
+            self._held_deadlines.clear()
+            return
+        heap = self._held_deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, conn = heapq.heappop(heap)
+            if self._held.get(conn) != deadline:
+                continue  # resumed or released since
+            ticket: Ticket = conn.motus_ticket
+            stream = ticket.stream
+            if stream is None:
+                ticket.cancel()
+                self._resume(conn)
+                continue
+            frame = _framed(stream.keepalive, getattr(conn, "motus_chunked", True))
+            try:
+                sent = socket_of(conn).send(frame)
+            except OSError:
+                sent = -1
+            if sent != len(frame):
+                self._release(conn)  # not even a comment fits: the client is not reading
+                continue
+            later = now + stream.keepalive_every
+            self._held[conn] = later
+            heapq.heappush(heap, (later, next(self._held_order), conn))
+
+    def _pump(self, conn: Any) -> Any:
+        """A thread: go on with a held event stream until it parks again or ends."""
+        ticket: Ticket = conn.motus_ticket
+        stream = ticket.stream
+        chunked = getattr(conn, "motus_chunked", True)
+        answer = Answer(socket_of(conn), self)
+        result: Any = False
+        serving(ticket)
+        try:
+            while True:
+                try:
+                    data = next(stream)
+                except StopIteration:
+                    if chunked:
+                        answer.sendall(_LAST_CHUNK)
+                    break
+                except Parked:
+                    result = PARKED
+                    break
+                if data:
+                    answer.sendall(_framed(data, chunked))
+        except OSError as exc:
+            self.log.debug("A held event stream's client is gone: %s", exc)
+        except Exception:
+            self.log.exception("Error serving an event stream")
+        finally:
+            serving(None)
+            if result is not PARKED:
+                stream.end()
+                conn.motus_ticket = None
+            conn.motus_answer = answer
+        return result
+
     # -- deadlines ----------------------------------------------------------------------------
 
     def motus_expire(self, force: bool) -> None:
@@ -441,6 +647,7 @@ class MotusWorker(WorkerSeam):
             del self._lingering[conn]
             self.unwatch(conn)
             self.close_connection(conn)
+        self._expire_held(now, force)
         self._log_counts(now)
 
     def motus_wait_limit(self, timeout: float) -> float:
@@ -450,6 +657,8 @@ class MotusWorker(WorkerSeam):
             deadlines.append(next(iter(self._reading.values())).deadline)
         if self._lingering:
             deadlines.append(next(iter(self._lingering.values()))[0])
+        if self._held_deadlines:
+            deadlines.append(self._held_deadlines[0][0])
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - time.monotonic()) + 0.01)
         return timeout
@@ -457,24 +666,41 @@ class MotusWorker(WorkerSeam):
     # -- a thread: serve the request the main loop read ------------------------------------
 
     def motus_handle(self, conn: Any) -> Any:
+        if getattr(conn, "motus_pump", False):
+            conn.motus_pump = False
+            return self._pump(conn)
         data = getattr(conn, "motus_request", None)
         if data is None:
             return self.gunicorn_handle(conn)
         conn.motus_request = None
         held = HeldRequest(data)
         answer = Answer(socket_of(conn), self)
+        ticket = getattr(conn, "motus_ticket", None)
+        if ticket is None:  # a new request (a held long poll served again keeps its ticket)
+            ticket = conn.motus_ticket = self._new_ticket(conn)
         result: Any = False
+        serving(ticket)
         try:
             real = serving_from(conn, held, answer)
             try:
                 result = self.gunicorn_handle(conn)
+            except Parked:
+                # It waits: the main loop holds it (see ``_hold``). A stream is under way;
+                # a long poll has answered nothing yet and is served again when woken.
+                result = PARKED
+                conn.motus_chunked = _chunked(data)
+                if ticket.stream is None:
+                    conn.motus_rerun = data
             finally:
                 restore_socket(conn, real)
             if result:
                 forget_message(conn)  # read whole: nothing of it to drain before the next
         finally:
+            serving(None)
             held.release()
             self.add_buffered(-len(data))
+            if result is not PARKED:
+                conn.motus_ticket = None
             conn.motus_answer = answer  # sent by the main loop (finish_request)
         return result
 

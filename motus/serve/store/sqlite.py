@@ -452,9 +452,11 @@ class SqliteStore(Store):
 
 
 def _put_messages(db: sqlite3.Connection, session_id: str, first: int, messages: Sequence[object]) -> None:
+    # A generator, not a list: each row's JSON is made as it is written, so a long history
+    # is never held twice more (as row tuples and as JSON strings) while it is written.
     db.executemany(
         "INSERT OR REPLACE INTO messages (session_id, seq, body) VALUES (?, ?, ?)",
-        [(session_id, first + i, dump_json(message)) for i, message in enumerate(messages)],
+        ((session_id, first + i, dump_json(message)) for i, message in enumerate(messages)),
     )
 
 

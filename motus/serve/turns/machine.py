@@ -111,6 +111,12 @@ class Machine:
         self.pool: WorkerPool | None = None
         self._registry = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        #: What the inbox last showed of each session (its pending interrupt ids), so that a
+        #: publish wakes inbox long polls only when that changed (``_announce``).
+        self._inboxed: dict[str, dict[str, str]] = {}  # session -> interrupt id -> type
+        self._inboxed_lock = threading.Lock()
+        #: The inbox as last read, per type asked: (``Events.inbox_generation`` then, items).
+        self._inbox_cache: dict[str | None, tuple[int, list[tuple[str, Any]]]] = {}
         self.slots = Slots(max_workers)
         self._closing = False
         self._stopped = False
@@ -654,11 +660,32 @@ class Machine:
             # rather than after every open event stream has had the GIL.
             self._dispatch()
         for session_id in after.publish:
-            self.events.publish(session_id)
+            self._announce(session_id)
         for session_id, error in after.failed:
             log.info("turn of session %s failed: %s", session_id, last_line(error))
         for end in after.ended:
             self._on_end(end)
+
+    def _announce(self, session_id: str) -> None:
+        """Publish a committed change of a session (no lock held). Inbox long polls are woken
+        only when the session's pending interrupts changed, and only those watching every
+        type or the types that came or went: a turn's other steps (running, a record, its
+        end without one) do not make every approver's poll run again."""
+        session = self._lookup(session_id)
+        pending: dict[str, str] = {}
+        if session is not None:
+            with session.lock:
+                if not session.deleted and session.turn is not None:
+                    pending = {item.interrupt_id: item.type for item in session.view().interrupts}
+        with self._inboxed_lock:
+            before = self._inboxed.get(session_id, {})
+            if pending:
+                self._inboxed[session_id] = pending
+            else:
+                self._inboxed.pop(session_id, None)
+        kinds = {kind for key, kind in pending.items() if key not in before}
+        kinds.update(kind for key, kind in before.items() if key not in pending)
+        self.events.publish(session_id, inbox=kinds)
 
     def _save(
         self,

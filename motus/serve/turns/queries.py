@@ -8,7 +8,9 @@ shared store, the row's version is checked first: ``Machine._read``), and return
 a deleted session is a 404. Lists and the inbox read every session, those another instance
 changed read again first. Reads change nothing and publish nothing.
 
-Threads: request threads. The sessions are the machine's, each guarded by its own lock.
+Threads: request threads. The sessions are the machine's, each guarded by its own lock;
+``_inbox_cache`` (the machine's) has each entry set whole and its lists never changed (readers
+get copies), so it needs no lock: a race only computes the same inbox twice.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from motus.serve.errors import SessionNotFound
-from motus.serve.events import ALL
+from motus.serve.events import inbox_key
 from motus.durable.records import JournalEntry
-from motus.serve.store import AuditRecord
+from motus.serve.store import AuditRecord, SharedStore
 from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, SessionView, TurnState
 
 if TYPE_CHECKING:
     from motus.serve.turns.machine import Machine
+
+#: Inboxes kept (one per ``?type=`` asked, and the whole one) until their next change.
+INBOX_CACHE_KINDS = 16
 
 
 class Queries:
@@ -62,7 +67,26 @@ class Queries:
         return self.store.audit(session_id)
 
     def inbox(self: Machine, kind: str | None = None) -> list[tuple[str, PendingInterrupt]]:
-        """Every pending interrupt of every session (of type ``kind``), oldest first."""
+        """Every pending interrupt of every session (of type ``kind``), oldest first.
+
+        Kept until the next publish that may change it (``Events.inbox_generation``), since
+        one interrupt wakes every inbox long poll at once and each reads it; not on a shared
+        store, where another instance's change is read here (``_all_fresh``) before it is
+        published."""
+        shared = isinstance(self.store, SharedStore)
+        generation = self.events.inbox_generation
+        if not shared:
+            cached = self._inbox_cache.get(kind)
+            if cached is not None and cached[0] == generation:
+                return list(cached[1])
+        found = self._read_inbox(kind)
+        if not shared:
+            if len(self._inbox_cache) >= INBOX_CACHE_KINDS:
+                self._inbox_cache.clear()  # types come from clients' queries: keep a few
+            self._inbox_cache[kind] = (generation, found)
+        return list(found)
+
+    def _read_inbox(self: Machine, kind: str | None) -> list[tuple[str, PendingInterrupt]]:
         found = []
         for session in self._all_fresh():
             with session.lock:
@@ -76,7 +100,7 @@ class Queries:
 
     def wait_inbox(self: Machine, kind: str | None, timeout: float) -> list[tuple[str, PendingInterrupt]]:
         """``inbox`` as soon as it is not empty, or empty after ``timeout`` seconds."""
-        found = self.events.wait(ALL, lambda: self.inbox(kind) or None, timeout)
+        found = self.events.wait(inbox_key(kind), lambda: self.inbox(kind) or None, timeout)
         return found or []
 
     def list(self: Machine) -> list[SessionView]:

@@ -206,7 +206,7 @@ class Turns(Queries, TimedMoves, Machine):
                 with self._registry:
                     self._sessions.pop(session.session_id, None)
                 removed.append(session.session_id)
-            self.events.publish(session.session_id)
+            self._announce(session.session_id)
         for session in changed:  # a session another instance swept (or wrote) first is forgotten or kept
             try:
                 self._refresh_now(session, publish=False)

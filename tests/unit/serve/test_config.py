@@ -54,6 +54,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "allowed_hosts": (["--allowed-host", "a.example", "--allowed-host", "b.example"], "a.example,b.example", ["a.example", "b.example"]),
     "webhook_allow": (["--webhook-allow", "10.0.0.0/8"], "10.0.0.0/8", ["10.0.0.0/8"]),
     "max_streams": (["--max-streams", "10"], "10", 10),
+    "max_waiting": (["--max-waiting", "500"], "500", 500),
     "webhook_secret": (["--webhook-secret", "s3cret"], "s3cret", "s3cret"),
     "log_format": (["--log-format", "json"], "json", "json"),
     "metrics_port": (["--metrics-port", "9100"], "9100", 9100),
@@ -82,6 +83,7 @@ REACHES: dict[str, Callable[[AgentServer], Any]] = {
     "allowed_hosts": lambda server: server.allowed_hosts,
     "webhook_allow": lambda server: server.webhook_allow,
     "max_streams": lambda server: server.streams.limit,
+    "max_waiting": lambda server: server.max_waiting,
     "webhook_secret": lambda server: server.webhooks.secret,
     "metrics_port": lambda server: server.metrics_port,
 }

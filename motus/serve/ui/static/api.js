@@ -85,4 +85,12 @@ export async function detailOf(response) {
   return response.statusText || "no details";
 }
 
+/** How long the server asked us to wait before trying again (a 503's Retry-After, in
+ *  seconds), in ms, within [0.5 s, 60 s]; ``fallback`` ms when it did not say. */
+export function retryAfterMs(headers, fallback) {
+  const seconds = Number.parseFloat(headers && headers.get ? headers.get("Retry-After") : "");
+  if (!Number.isFinite(seconds)) return fallback;
+  return Math.min(60000, Math.max(500, seconds * 1000));
+}
+
 export const sessionPath = (sid, rest = "") => `sessions/${encodeURIComponent(sid)}${rest}`;

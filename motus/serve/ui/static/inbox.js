@@ -5,7 +5,7 @@
 // re-reads every few seconds while something does (a long poll would return at once).
 
 import { $, el, sleep, announce } from "./dom.js";
-import { api, readJson, detailOf } from "./api.js";
+import { api, readJson, detailOf, retryAfterMs } from "./api.js";
 import { buildCard, numberCards } from "./cards.js";
 import { readStream } from "./sse.js";
 import { server } from "./state.js";
@@ -87,6 +87,14 @@ async function readLoop(generation) {
     try {
       const query = longPoll ? `&wait=true&timeout=${LONG_POLL_SECONDS}` : "";
       const response = await api("GET", `interrupts?status=pending${query}`, { signal: controller.signal });
+      if (response.status === 503 && longPoll) {
+        // Every long-poll slot is taken: wait as told, then ask again (not lost contact).
+        await readJson(response); // read to its end: the request is over
+        $("inbox-state").textContent = "The server is busy; trying again shortly…";
+        await sleep(retryAfterMs(response.headers, 1000));
+        inbox.dirty = true;
+        continue;
+      }
       if (response.status === 404) {
         $("inbox-state").textContent = "This server has no inbox (it does not offer GET /interrupts). Open each session to answer it.";
         return;
@@ -144,7 +152,7 @@ async function streamLoop(generation) {
       return;
     }
     failures += 1;
-    await sleep(result && result.status === 503 ? 15000 : Math.min(30000, 500 * 2 ** Math.min(failures, 6)));
+    await sleep(result && result.status === 503 ? retryAfterMs(result.headers, 15000) : Math.min(30000, 500 * 2 ** Math.min(failures, 6)));
   }
 }
 

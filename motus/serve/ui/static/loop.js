@@ -1,7 +1,7 @@
 // The open session: routing by the URL's hash, and its one request loop.
 
 import { $, sleep } from "./dom.js";
-import { api, readJson, detailOf, sessionPath } from "./api.js";
+import { api, readJson, detailOf, retryAfterMs, sessionPath } from "./api.js";
 import { showNotice, clearNotice } from "./notice.js";
 import { view, server, clearPending, loadTimes } from "./state.js";
 import { renderStatus, renderMessages } from "./conversation.js";
@@ -163,6 +163,14 @@ async function runLoop(generation, sid) {
       view.longPolling = running && !view.streaming;
       const query = view.longPolling ? `?wait=true&timeout=${LONG_POLL_SECONDS}` : "";
       const response = await api("GET", sessionPath(sid, query), { signal: controller.signal });
+      if (response.status === 503 && view.longPolling) {
+        // Every long-poll slot is taken: not lost contact. Wait as told, then ask again.
+        await readJson(response); // read to its end: the request is over
+        showNotice("The server is busy; trying again shortly…", "connection");
+        await sleep(retryAfterMs(response.headers, 1000));
+        view.dirty = true;
+        continue;
+      }
       if (response.status === 404) gone = true;
       else if (!response.ok) throw new Error(`${response.status}: ${await detailOf(response)}`);
       else session = await readJson(response);
@@ -280,7 +288,7 @@ async function streamLoop(generation, sid) {
       return;
     }
     if (result && result.status === 503) {
-      await sleep(STREAM_BUSY_MS);
+      await sleep(retryAfterMs(result.headers, STREAM_BUSY_MS));
       continue;
     }
     if (result && result.status === 200) failures = 0;

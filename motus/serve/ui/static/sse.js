@@ -16,7 +16,7 @@ export async function readStream(path, { lastId = null, signal, onOpen, onEvent 
   const response = await api("GET", path, { signal, headers });
   if (response.status !== 200 || !response.body) {
     try { await response.body?.cancel(); } catch { /* already gone */ }
-    return { status: response.status };
+    return { status: response.status, headers: response.headers };
   }
   if (onOpen) onOpen();
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();

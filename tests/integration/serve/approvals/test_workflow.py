@@ -257,7 +257,9 @@ def test_a_deleted_session_ends_its_stream(shared: Callable[..., Server], shared
 
 
 def test_max_streams_holds_and_resumes_still_get_through(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
-    server = start_server(CALLS, "--max-streams", "3", env=env(sandbox))
+    """Streams that wait on threads (``--max-waiting 0``: none held without one) stop at
+    ``--max-streams``. (Held streams: ``tests/integration/serve/http/test_held_waits.py``.)"""
+    server = start_server(CALLS, "--max-streams", "3", "--max-waiting", "0", env=env(sandbox))
     session_id = start(server, "delete_file a")
     [item] = pending(server, session_id)
     held = [streams(server, "/events") for _ in range(3)]

@@ -145,7 +145,8 @@ def test_a_cursor_past_the_newest_event_is_told_to_reload(shared_server: Callabl
 
 
 def test_abandoned_streams_give_their_slots_back_and_the_cap_holds(start_server: Callable[..., Server], sandbox: Path) -> None:
-    server = start_server(CALLS, "--max-streams", "8", env=env(sandbox))
+    # Streams that wait on threads (none held without one); held ones: test_held_waits.py.
+    server = start_server(CALLS, "--max-streams", "8", "--max-waiting", "0", env=env(sandbox))
     parts = urlsplit(server.url)
     request = b"GET /events HTTP/1.1\r\nHost: " + parts.netloc.encode() + b"\r\n\r\n"
     head_request = b"HEAD /events HTTP/1.1\r\nHost: " + parts.netloc.encode() + b"\r\nConnection: close\r\n\r\n"

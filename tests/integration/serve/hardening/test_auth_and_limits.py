@@ -155,14 +155,15 @@ def test_pending_interrupts_are_capped_per_turn(start_server) -> None:
 
 
 def test_past_the_long_poll_slots_a_wait_is_a_503_with_retry_after_and_the_client_backs_off(start_server) -> None:
-    """``--threads 10 --max-streams 1`` leaves one long-poll slot (10 threads, 8 kept for
+    """``--threads 10 --max-streams 1 --max-waiting 0`` leaves one long-poll slot (10 threads, 8 kept for
     resumes and health checks, one for a stream). With it taken, another ``?wait=true`` is
     refused with 503 and ``Retry-After`` (an immediate 200 would invite a client polling in
     a loop to spin), and changes nothing; the Python client waits as told and asks again,
     and once its own poll's time is up reads the session without waiting."""
     from motus.client import Client
 
-    server = start_server("tests.agents:dispatch", "--workers", "1", "--threads", "10", "--max-streams", "1")
+    # --max-waiting 0: no long poll is held without a thread (held ones: test_held_waits.py).
+    server = start_server("tests.agents:dispatch", "--workers", "1", "--threads", "10", "--max-streams", "1", "--max-waiting", "0")
     held = server.create_session()
     server.send(held, "hang")
     holder: dict[str, requests.Response] = {}

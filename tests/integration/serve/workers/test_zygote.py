@@ -243,20 +243,24 @@ def _unix_socket_inodes() -> set[str]:
         return {line.split()[6] for line in table if len(line.split()) > 6}
 
 
-def own_fd_count(pid: int) -> int:
+def own_fds(pid: int) -> list[str]:
     """Descriptors that are the server's own: everything but TCP connections (the test's
     HTTP client keeps a varying number alive). Job pipes, pidfds and the zygote's control
-    socket all count."""
+    socket all count. Each as what it points to, so a failure can say what was left."""
     unix = _unix_socket_inodes()
-    count = 0
+    found = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if not target.startswith("socket:[") or target[8:-1] in unix:
-            count += 1
-    return count
+            found.append(target)
+    return found
+
+
+def own_fd_count(pid: int) -> int:
+    return len(own_fds(pid))
 
 
 def pending_requests(zygote: psutil.Process) -> int:
@@ -298,13 +302,18 @@ def test_repeated_zygote_deaths_leak_no_descriptor_in_the_server(start_server: S
     owner = serving(server)
     echo_ok(server, WARM + 1)  # the first connections, the store, every lazy import
     zygote = the_zygote(server)
-    before = own_fd_count(owner.pid)
+    before = sorted(own_fds(owner.pid))
     for round_ in range(4):
         kill_and_wait(zygote)
         echo_ok(server, WARM + 1, tag=f"r{round_}-")  # the dead zygote's warm children, then a new one's
         zygote = the_zygote(server, other_than=zygote.pid)
-        wait_until(lambda: own_fd_count(owner.pid) == before, timeout=5,
-                   what=f"the server's descriptors back to {before} (round {round_})")
+        # Warm processes are started again meanwhile (each brings a pipe and a pidfd for a
+        # moment), so under load this can take a while: the deadline is generous.
+        try:
+            wait_until(lambda: own_fd_count(owner.pid) == len(before), timeout=20,
+                       what=f"the server's descriptors back to {len(before)} (round {round_})")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; before: {before}; now: {sorted(own_fds(owner.pid))}") from None
     assert_no_500(server)
 
 

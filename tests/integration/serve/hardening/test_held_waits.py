@@ -1,0 +1,181 @@
+"""Waiting clients hold no thread (issue 27, item 2): under ``motus serve start`` a long poll
+or an event stream that waits is held by the gunicorn worker's main loop, not by one of
+``--threads``; it is served again (a long poll) or resumed (a stream) when its event comes,
+its client leaving frees it at once, and a stop answers every one of them.
+
+The clients here are raw sockets, so that a hundred of them cost the test no thread either,
+and so that the framing on the wire (chunks, HTTP/1.0) is what is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from urllib.parse import urlsplit
+
+import psutil
+import pytest
+
+from tests.conftest import Server, wait_until
+
+#: Four request threads: without held waits, one stream and one long poll could wait at once.
+ARGS = ("--workers", "1", "--threads", "4", "--shutdown-timeout", "1")
+
+
+class Raw:
+    """One HTTP request on a socket of its own, read by hand."""
+
+    def __init__(self, server: Server, path: str, version: str = "1.1") -> None:
+        url = urlsplit(server.url)
+        self.sock = socket.create_connection((url.hostname, url.port), timeout=30)
+        self.sock.sendall(f"GET {path} HTTP/{version}\r\nHost: {url.netloc}\r\n\r\n".encode())
+        self.buf = b""
+
+    def ready(self) -> bool:
+        """Whether anything (an answer, an event, end of file) came, without waiting."""
+        return bool(self.buf) or bool(select.select([self.sock], [], [], 0)[0])
+
+    def read_until(self, marker: bytes, timeout: float = 20.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while marker not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{marker!r} did not come within {timeout} s; got {self.buf[-300:]!r}")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError(f"end of file before {marker!r}; got {self.buf[-300:]!r}")
+            self.buf += chunk
+        return self.buf
+
+    def answer(self, timeout: float = 20.0) -> tuple[int, object]:
+        """A whole answer with a ``Content-Length`` body: its status and its JSON."""
+        head = self.read_until(b"\r\n\r\n", timeout).split(b"\r\n\r\n", 1)[0]
+        lines = head.decode().split("\r\n")
+        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+        start = len(head) + 4
+        deadline = time.monotonic() + timeout
+        while len(self.buf) < start + length:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = self.sock.recv(65536)
+            assert chunk, "end of file inside the body"
+            self.buf += chunk
+        return int(lines[0].split()[1]), json.loads(self.buf[start:start + length])
+
+    def until_eof(self, timeout: float = 20.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return self.buf
+            self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def serving_process(server: Server) -> psutil.Process:
+    """The gunicorn worker: the process that serves requests on threads (the most threads)."""
+    return max(server.descendants(), key=lambda process: process.num_threads())
+
+
+@pytest.fixture
+def opened() -> list[Raw]:
+    raws: list[Raw] = []
+    yield raws
+    for raw in raws:
+        raw.close()
+
+
+def test_a_hundred_streams_and_a_hundred_long_polls_wait_on_four_threads(start_server, opened: list[Raw]) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS)
+    watched = [server.create_session() for _ in range(100)]
+    streams = [Raw(server, f"/sessions/{sid}/events") for sid in watched]
+    polls = [Raw(server, "/interrupts?wait=true&timeout=120") for _ in range(100)]
+    opened += streams + polls
+    for sid, stream in zip(watched, streams):
+        stream.read_until(f'"session_id":"{sid}"}}\n\n\r\n'.encode())  # the whole ready event
+        stream.buf = b""
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 100, what="every stream open at once")
+    assert serving_process(server).num_threads() < 40  # not one per waiting client
+
+    # Others are served meanwhile, and an echo turn wakes no inbox poll (the inbox is unchanged).
+    side = server.create_session()
+    server.send(side, "echo meanwhile")
+    assert server.wait_for_status(side, "idle")["response"]["content"] == "echo: meanwhile"
+    assert not any(poll.ready() for poll in polls)
+
+    # Each stream is woken by its own session's change.
+    for sid, stream in list(zip(watched, streams))[:5]:
+        server.send(sid, f"echo to {sid}")
+        stream.read_until(f'"content":"echo: to {sid}"'.encode())
+    assert not any(stream.ready() for stream in streams[5:])
+
+    # An interrupt wakes every inbox poll, each answered with it.
+    asking = server.create_session()
+    server.send(asking, "approval rm")
+    for poll in polls:
+        status, items = poll.answer()
+        assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+
+    # A client that hangs up is forgotten at once.
+    for stream in streams[50:]:
+        stream.close()
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 50, what="the closed streams forgotten")
+
+    # A stop ends the streams still held: the last chunk, then the end of the connection.
+    assert server.stop() == 0
+    for stream in streams[:50]:
+        assert stream.until_eof().endswith(b"0\r\n\r\n"), stream.buf[-200:]
+
+
+def test_held_long_polls_answer_at_their_event_at_their_timeout_and_at_a_stop(start_server, opened: list[Raw]) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS)
+    # Woken by other changes but not by its own, an inbox poll for questions waits out the
+    # time it was given, once: its deadline is its first run's, not reset by each wake.
+    questions = Raw(server, "/interrupts?type=user_input&wait=true&timeout=2")
+    opened.append(questions)
+    started = time.monotonic()
+    asking = server.create_session()
+    server.send(asking, "approval rm")  # an approval: the question poll runs again, finds none
+    wait_until(lambda: server.get(f"/sessions/{asking}").json()["status"] == "interrupted", what="the approval")
+    hanging = [server.create_session() for _ in range(12)]
+    for sid in hanging:
+        server.send(sid, "hang")  # one runs, the others wait for the one worker: all 'running'
+    polls = {sid: Raw(server, f"/sessions/{sid}?wait=true&timeout=120") for sid in hanging}
+    short = Raw(server, f"/sessions/{hanging[0]}?wait=true&timeout=1")
+    opened += [*polls.values(), short]
+
+    status, body = short.answer()
+    assert status == 200 and body["status"] == "running", body  # type: ignore[index]
+    status, body = questions.answer()
+    assert status == 200 and body == [] and time.monotonic() - started >= 1.9, body
+
+    for sid in hanging[:3]:
+        assert server.delete(f"/sessions/{sid}").status_code == 204
+        status, body = polls[sid].answer()
+        assert status == 404, body
+    assert not any(polls[sid].ready() for sid in hanging[3:])
+
+    assert server.stop() == 0  # releases every long poll at once, with the state it reads then
+    for sid in hanging[3:]:
+        status, body = polls[sid].answer()
+        assert status in (200, 503), body
+
+
+def test_a_held_stream_to_an_http_1_0_client_is_not_chunked(start_server, opened: list[Raw]) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS)
+    sid = server.create_session()
+    stream = Raw(server, f"/sessions/{sid}/events", version="1.0")
+    opened.append(stream)
+    stream.read_until(b"event: ready")
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 1, what="the stream open")
+    server.send(sid, "echo plain")
+    data = stream.read_until(b'"content":"echo: plain"')
+    body = data.split(b"\r\n\r\n", 1)[1]
+    assert b"\r\n" not in body, body  # SSE lines end in \n alone: a \r\n would be chunk framing
+    assert server.delete(f"/sessions/{sid}").status_code == 204
+    assert b'"status":"deleted"' in stream.until_eof()

@@ -432,7 +432,8 @@ class Client:
         Starts after ``last_event_id`` if given, else at "now" (the first event is then the
         stream's ``ready``). A dropped connection is reopened with ``Last-Event-ID``, so
         nothing is missed or repeated (``reconnect=False`` raises ``ConnectionFailed``
-        instead). A server that sends nothing, not even its keepalive, for
+        instead); while every stream slot is taken (503), it waits as the server's
+        ``Retry-After`` says before trying again. A server that sends nothing, not even its keepalive, for
         ``idle_timeout`` seconds counts as dropped. Against a server without event streams
         (the reference product) the first call raises ``NotFound``: long-poll instead.
         The iterator ends when the session is deleted; close it to stop earlier.
@@ -440,6 +441,7 @@ class Client:
         path = "/events" if session_id is None else self._session_path(session_id) + "/events"
         last = last_event_id
         failures = 0
+        retry_after: float | None = None  # what a 503 asked for
         while True:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
@@ -453,12 +455,16 @@ class Client:
                 response.close()
                 if response.status_code != 503 or not reconnect:
                     raise error
+                retry_after = getattr(error, "retry_after", None)
                 response = None
             if response is None:
                 failures += 1
                 if not reconnect or failures > 5:
                     raise ConnectionFailed(self.base_url)
-                time.sleep(min(0.2 * 2 ** failures, 5.0))
+                backoff = min(0.2 * 2 ** failures, 5.0)
+                # A busy server says when to come back: never sooner than that.
+                time.sleep(backoff if retry_after is None else min(max(retry_after, backoff), 60.0))
+                retry_after = None
                 continue
             try:
                 for event in read_events(response.iter_lines(decode_unicode=True)):

@@ -195,3 +195,36 @@ def test_past_the_long_poll_slots_a_wait_is_a_503_with_retry_after_and_the_clien
         assert server.delete(f"/sessions/{held}").status_code == 204  # ends the held long poll
         thread.join(20)
     assert not thread.is_alive() and holder["r"].status_code == 404  # it ended with its session
+
+
+def test_past_the_stream_slots_the_client_waits_as_retry_after_says(start_server) -> None:
+    """``--max-streams 1 --max-waiting 0`` (every stream on a thread): with the one slot taken
+    a stream is a 503 with ``Retry-After: 5``. ``Client.events`` waits that long before it
+    asks again, rather than its own back-off (0.4, 0.8, 1.6, 3.2 s: four refusals in those
+    five seconds), and gets the stream once the slot is free."""
+    from motus.client import Client
+
+    server = start_server("tests.agents:dispatch", "--threads", "10", "--max-streams", "1", "--max-waiting", "0")
+    holder = requests.get(server.url + "/events", stream=True, timeout=30)
+    assert holder.status_code == 200
+    sid = server.create_session()
+    got: list[object] = []
+    client = Client(server.url)
+    stream = client.events(sid)
+    reader = threading.Thread(target=lambda: got.append(next(stream)))
+    try:
+        reader.start()
+
+        def refused() -> int:
+            return server.log().count(f"GET /sessions/{sid}/events 503")
+
+        wait_until(refused, what="the client's stream refused")
+        holder.close()  # the slot is free once the server sees the hang-up
+        reader.join(30)
+        assert got and got[0].kind == "ready", got  # type: ignore[attr-defined]
+        assert refused() == 1, server.log()[-2000:]
+    finally:
+        holder.close()
+        stream.close()
+        client.close()
+        reader.join(10)

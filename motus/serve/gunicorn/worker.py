@@ -452,7 +452,6 @@ class MotusWorker(WorkerSeam):
             self.unwatch(conn)
             self.close_connection(conn)
 
-
     # -- the main loop: hold waiting requests without a thread ------------------------------
 
     def _may_hold(self) -> bool:
@@ -487,8 +486,14 @@ class MotusWorker(WorkerSeam):
         ticket: Ticket = conn.motus_ticket
         stream = ticket.stream
         deadline = time.monotonic() + stream.keepalive_every if stream is not None else (ticket.deadline or 0.0)
+        heap = self._held_deadlines
+        if len(heap) > 2 * len(self._held) + 64:
+            # Entries of requests woken before their deadline stay until it passes: rebuild
+            # now and then, so churn costs neither memory nor the connections they name.
+            heap[:] = [(when, next(self._held_order), held) for held, when in self._held.items()]
+            heapq.heapify(heap)
         self._held[conn] = deadline
-        heapq.heappush(self._held_deadlines, (deadline, next(self._held_order), conn))
+        heapq.heappush(heap, (deadline, next(self._held_order), conn))
         if stream is None:
             self._count_held_poll(1)
         try:

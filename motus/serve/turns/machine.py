@@ -115,6 +115,9 @@ class Machine:
         #: publish wakes inbox long polls only when that changed (``_announce``).
         self._inboxed: dict[str, dict[str, str]] = {}  # session -> interrupt id -> type
         self._inboxed_lock = threading.Lock()
+        #: Turns that began to wait on a person with a process (``_park_over_budget``).
+        self._live_waiting: dict[Turn, None] = {}
+        self._live_waiting_lock = threading.Lock()
         #: The inbox as last read, per type asked: (``Events.inbox_generation`` then, items).
         self._inbox_cache: dict[str | None, tuple[int, list[tuple[str, Any]]]] = {}
         self.slots = Slots(max_workers)
@@ -545,7 +548,8 @@ class Machine:
         after.publish.append(session.session_id)
         if self.park_after is not None:
             self.timers.schedule(time.monotonic() + max(self.park_after, PARK_SETTLE_SECONDS), "park", turn, monotonic=True)
-            after.budget = bool(self.max_live_turns)
+            if self.max_live_turns:
+                after.budget.append(turn)
 
     def _end_locked(
         self,
@@ -640,7 +644,7 @@ class Machine:
         """Do what a transition decided, with no session lock held: pool actions, slot
         release, queueing, publishing, webhooks, the live-turn budget."""
         if after.budget:
-            self._park_over_budget()
+            self._park_over_budget(after.budget)
         pool = self.pool
         if pool is not None:
             for handle in after.kill:
@@ -698,15 +702,20 @@ class Machine:
         self._commit(lambda: self.store.save(record, entries, events, audit))
         session.version = record.version
 
-    def _park_over_budget(self) -> None:
+    def _park_over_budget(self, began: list[Turn]) -> None:
         """More turns wait on a person with a process than ``max_live_turns``: the ones
         waiting longest (whose worker was heard from least recently) park now instead of
         after ``park_after``. Read without their locks, so only a choice: ``_park`` looks at
-        each again under its lock (and still lets its worker settle)."""
-        waiting = [
-            turn for session in self._all()
-            if (turn := session.turn) is not None and turn.state is TurnState.WAITING and turn.handle is not None
-        ]
+        each again under its lock (and still lets its worker settle).
+
+        The candidates are the turns that began to wait since (``_live_waiting``, pruned of
+        those that no longer wait with a process), not every session: with the budget kept,
+        they are about ``max_live_turns`` however many sessions there are."""
+        with self._live_waiting_lock:
+            for turn in began:
+                self._live_waiting[turn] = None
+            waiting = [turn for turn in self._live_waiting if turn.state is TurnState.WAITING and turn.handle is not None]
+            self._live_waiting = dict.fromkeys(waiting)
         excess = len(waiting) - self.max_live_turns
         if excess <= 0:
             return

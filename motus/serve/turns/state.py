@@ -334,7 +334,7 @@ class After:
     freed: int = 0
     queued: list[Turn] = field(default_factory=list)
     publish: list[str] = field(default_factory=list)
-    budget: bool = False  # a turn began to wait: see whether live turns are over budget
+    budget: list[Turn] = field(default_factory=list)  # began to wait: is the live-turn budget exceeded?
 
 
 def session_from(record: SessionRecord) -> Session:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 import uuid
 from typing import Any, TypeVar
 
@@ -400,24 +401,38 @@ def list_sessions() -> Response:
 WAITER_RETRY_AFTER = 1
 
 
+#: A long poll that got a thread slot waits this long on its thread before its worker holds
+#: it without one (``waiting.Ticket.thread_until``): most turns end within it, and a wait
+#: that ends on its thread is not served a second time.
+ON_THREAD_SECONDS = 0.5
+
+
 def _take_waiter(waiters: Any) -> Any:
     """A long-poll slot for this request, or a 503 with ``Retry-After``: past the cap a
     ``?wait=true`` is refused, not answered at once (a client that long-polls in a loop would
-    then spin). Returns the slots to give one back to, or None when none was taken: no cap,
-    or a request its worker can hold without a thread (``waiting``), which needs no slot
-    (should the worker's cap be reached before it waits, it waits on its thread regardless:
-    one request a thread, so at most ``--threads`` beyond the cap)."""
+    then spin). Returns the slots to give one back to, or None when none was taken.
+
+    A request its worker can hold without a thread (``waiting``) is never refused: with a
+    slot it waits ``ON_THREAD_SECONDS`` on its thread first, without one it is held at once
+    (served again after a park, it needs none). Should the worker's cap be reached before it
+    waits, it waits on its thread regardless: one request a thread, so at most ``--threads``
+    beyond the cap."""
     ticket = current_ticket()
-    if waiters is None or (ticket is not None and ticket.may_hold()):
+    holdable = ticket is not None and ticket.may_hold()
+    if waiters is None or (holdable and ticket.deadline is not None):  # type: ignore[union-attr]
         return None
-    if not waiters.acquire(blocking=False):
-        raise TooManyWaiters(
-            "Too many long polls waiting at once (the request threads left for them, see --threads, "
-            "once --max-waiting are held without one); "
-            f"try again in {WAITER_RETRY_AFTER} s, or open an event stream (GET /sessions/{{id}}/events)",
-            headers={"Retry-After": str(WAITER_RETRY_AFTER)},
-        )
-    return waiters
+    if waiters.acquire(blocking=False):
+        if holdable:
+            ticket.thread_until = time.monotonic() + ON_THREAD_SECONDS  # type: ignore[union-attr]
+        return waiters
+    if holdable:
+        return None
+    raise TooManyWaiters(
+        "Too many long polls waiting at once (the request threads left for them, see --threads, "
+        "once --max-waiting are held without one); "
+        f"try again in {WAITER_RETRY_AFTER} s, or open an event stream (GET /sessions/{{id}}/events)",
+        headers={"Retry-After": str(WAITER_RETRY_AFTER)},
+    )
 
 
 @api.get("/sessions/<session_id>")

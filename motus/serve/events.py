@@ -120,6 +120,11 @@ class Events:
                     if remaining <= 0:
                         return None
                     if ticket is not None and ticket.may_hold():
+                        until = ticket.thread_until
+                        if until is not None and until > time.monotonic():
+                            watch.cond.wait(min(remaining, until - time.monotonic()))
+                            continue  # a moment on its thread first (see ``Ticket``)
+                        ticket.thread_until = None
                         ticket.deadline = deadline
                         self._park_locked(watch, ticket)
                         raise Parked(ticket)

@@ -12,7 +12,9 @@ passes, then serves it on a thread again:
 
 - a long poll is served again from the start, as the same request (GETs change nothing), and
   its wait ends at the deadline its first run set (``Ticket.deadline``), so a wake that finds
-  nothing new parks it again for the time left;
+  nothing new parks it again for the time left. Serving it again costs a request's CPU, so a
+  long poll that got one of the long-poll thread slots first waits on its thread for a
+  moment (``Ticket.thread_until``): most turns end within it, and only longer waits park;
 - an event stream is a response already under way: its body iterator (see ``streams``) is
   resumed where it parked, and what it yields is written to the same connection.
 
@@ -54,12 +56,15 @@ class Ticket:
     the request's runs after; ``stream`` is the body of a parked event stream (None for a long
     poll). ``watch`` is where the ticket is registered while parked (owned by ``Events``)."""
 
-    __slots__ = ("on_wake", "may_hold", "deadline", "stream", "watch", "events", "_armed", "_lock", "__weakref__")
+    __slots__ = ("on_wake", "may_hold", "deadline", "thread_until", "stream", "watch", "events", "_armed", "_lock", "__weakref__")
 
     def __init__(self, on_wake: Callable[["Ticket"], None], may_hold: Callable[[], bool]) -> None:
         self.on_wake = on_wake
         self.may_hold = may_hold
         self.deadline: float | None = None
+        #: Until when (``time.monotonic()``) the wait may block its thread before it parks:
+        #: a wait that ends within it costs no second run (see ``app._take_waiter``).
+        self.thread_until: float | None = None
         self.stream: Any = None
         self.watch: Any = None
         self.events: Any = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import struct
 import time
 from urllib.parse import urlsplit
 
@@ -27,10 +28,19 @@ ARGS = ("--workers", "1", "--threads", "4", "--shutdown-timeout", "1")
 class Raw:
     """One HTTP request on a socket of its own, read by hand."""
 
-    def __init__(self, server: Server, path: str, version: str = "1.1") -> None:
+    def __init__(
+        self, server: Server, path: str, version: str = "1.1", headers: tuple[str, ...] = (), rcvbuf: int | None = None,
+    ) -> None:
         url = urlsplit(server.url)
-        self.sock = socket.create_connection((url.hostname, url.port), timeout=30)
-        self.sock.sendall(f"GET {path} HTTP/{version}\r\nHost: {url.netloc}\r\n\r\n".encode())
+        if rcvbuf is None:
+            self.sock = socket.create_connection((url.hostname, url.port), timeout=30)
+        else:  # a small receive window, set before connecting: the server's writes stop soon
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(30)
+            self.sock.connect((url.hostname, url.port))
+        extra = "".join(f"{header}\r\n" for header in headers)
+        self.sock.sendall(f"GET {path} HTTP/{version}\r\nHost: {url.netloc}\r\n{extra}\r\n".encode())
         self.buf = b""
 
     def ready(self) -> bool:
@@ -74,6 +84,11 @@ class Raw:
             self.buf += chunk
 
     def close(self) -> None:
+        self.sock.close()
+
+    def reset(self) -> None:
+        """Hang up with a reset (nothing unsent is delivered, the server's next write fails)."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
 
 
@@ -179,3 +194,88 @@ def test_a_held_stream_to_an_http_1_0_client_is_not_chunked(start_server, opened
     assert b"\r\n" not in body, body  # SSE lines end in \n alone: a \r\n would be chunk framing
     assert server.delete(f"/sessions/{sid}").status_code == 204
     assert b'"status":"deleted"' in stream.until_eof()
+
+
+@pytest.mark.parametrize("version, headers", [("1.0", ()), ("1.1", ("Connection: close",))], ids=["http-1.0", "connection-close"])
+def test_a_held_long_poll_whose_connection_closes_after_it_is_still_answered(
+    start_server, opened: list[Raw], version: str, headers: tuple[str, ...],
+) -> None:
+    """A long poll served again after a park is parsed again from its bytes: the parser must
+    not take it for a second request on a connection the first one said to close (gunicorn's
+    parser stops there, and the client got the end of the connection instead of an answer:
+    behind nginx's default ``proxy_http_version 1.0``, every held long poll)."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    poll = Raw(server, "/interrupts?wait=true&timeout=60", version=version, headers=headers)
+    short = Raw(server, "/interrupts?wait=true&timeout=1", version=version, headers=headers)
+    opened += [poll, short]
+    status, body = short.answer()  # at its deadline
+    assert status == 200 and body == [], body
+    asking = server.create_session()
+    server.send(asking, "approval rm")  # at its event (it was held: sent before the short one ended)
+    status, body = poll.answer()
+    assert status == 200 and [item["session_id"] for item in body] == [asking], body  # type: ignore[union-attr]
+    poll.until_eof()  # then the connection ends, as asked
+
+
+def test_a_held_stream_whose_client_resets_while_its_answer_is_unsent_is_ended(start_server, opened: list[Raw]) -> None:
+    """A stream that parks with part of its answer still to send waits in the main loop's
+    writes first; a client that goes then (reset, or too slow to read) must end the stream like
+    one that leaves while held: its count in /health, and its registration with its session's
+    watch (which held the connection until the session's next change), are given back."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    sid = server.create_session()
+    stream = Raw(server, f"/sessions/{sid}/events", rcvbuf=4096)
+    opened.append(stream)
+    stream.read_until(b"event: ready")
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 1, what="the stream open")
+    server.send(sid, "echo " + "x" * (6 * 1024 * 1024))  # an event far larger than the socket takes
+    server.wait_for_status(sid, "idle", timeout=60)
+    time.sleep(1.0)  # the stream parked again, its answer mostly unsent, left to the main loop
+    stream.reset()
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 0, what="the reset stream ended")
+
+
+def test_a_stream_waiting_on_its_thread_is_not_cut_off_when_a_held_place_frees(start_server, opened: list[Raw]) -> None:
+    """Past ``--max-waiting`` a stream waits on its thread, in slices; once a place frees, a
+    slice's wait must not park the stream from inside its own body (that ended the body: at
+    its next event the client got the end of the stream instead of the event, and /health
+    stopped counting it while it was still open)."""
+    server = start_server("tests.agents:dispatch", *ARGS, "--max-waiting", "1")
+    first_sid, second_sid = server.create_session(), server.create_session()
+    first = Raw(server, f"/sessions/{first_sid}/events")
+    opened.append(first)
+    first.read_until(b"event: ready")
+    time.sleep(0.5)  # held: the one place
+    second = Raw(server, f"/sessions/{second_sid}/events")
+    opened.append(second)
+    second.read_until(b"event: ready")  # waits on its thread
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 2, what="both streams open")
+    first.close()
+    wait_until(lambda: server.get("/health").json()["open_streams"] == 1, what="the first stream forgotten")
+    time.sleep(3.0)  # a slice of the second's wait (PEER_CHECK_SECONDS) ends with the place free
+    assert server.get("/health").json()["open_streams"] == 1
+    server.send(second_sid, "echo still here")
+    second.read_until(b'"content":"echo: still here"')
+    assert server.get("/health").json()["open_streams"] == 1
+
+
+def test_an_interrupt_answered_after_a_restart_leaves_the_inbox(start_server, tmp_path) -> None:
+    """The inbox is kept until a publish says pending interrupts changed, which compares with
+    what the inbox last showed of each session: after a restart that must include the
+    interrupts the store brought back, or answering one changes nothing the cache sees (and
+    GET /interrupts, and every inbox long poll at once, showed it answered and pending)."""
+    store = f"sqlite:///{tmp_path / 'inbox.db'}"
+    first = start_server("tests.agents:dispatch", *ARGS, "--store", store)
+    sid = first.create_session()
+    first.send(sid, "approval rm")
+    first.wait_for_status(sid, "interrupted")
+    assert first.stop() == 0
+    second = start_server("tests.agents:dispatch", *ARGS, "--store", store)
+    [item] = second.get("/interrupts").json()
+    answered = second.post(f"/sessions/{sid}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
+    assert answered.status_code == 200, answered.text
+    assert second.get("/interrupts").json() == []
+    assert second.wait_for_status(sid, "idle")["response"]["content"].startswith("approved=True")
+    started = time.monotonic()
+    assert second.get("/interrupts?wait=true&timeout=1").json() == []
+    assert time.monotonic() - started >= 0.9

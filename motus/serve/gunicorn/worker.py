@@ -388,7 +388,7 @@ class MotusWorker(WorkerSeam):
             done = answer.flush()
         except OSError:
             answer.discard()
-            self.close_connection(conn)
+            self._close_answered(conn, result)
             return
         if done:
             self._after_answer(conn, fs, result)
@@ -410,6 +410,16 @@ class MotusWorker(WorkerSeam):
             self._after_answer(conn, fs, result)
         else:
             answer.discard()
+            self._close_answered(conn, result)
+
+    def _close_answered(self, conn: Any, result: Any) -> None:
+        """Close a connection whose answer could not be sent. One that parked (a stream
+        under way, with part of its answer unsent) is given up as a held one is: its ticket
+        leaves its watch and its stream ends (else /health counts it open for good, and the
+        watch keeps it until that key's next publish)."""
+        if result is PARKED:
+            self._release(conn)
+        else:
             self.close_connection(conn)
 
     def _after_answer(self, conn: Any, fs: Any, result: Any) -> None:
@@ -638,13 +648,13 @@ class MotusWorker(WorkerSeam):
             for conn, reader in list(self._reading.items()):
                 if not reader.begun:
                     self._drop(conn, reader)
-        for conn, (answer, _, deadline) in list(self._writing.items()):
+        for conn, (answer, result, deadline) in list(self._writing.items()):
             if deadline <= now or force:
                 del self._writing[conn]
                 self.unwatch(conn)
                 answer.discard()
                 self.tally("unread")
-                self.close_connection(conn)
+                self._close_answered(conn, result)
         while self._lingering:
             conn, (deadline, _) = next(iter(self._lingering.items()))
             if deadline > now and not force:

@@ -48,7 +48,7 @@ from flask import Response
 from motus.serve.errors import BadRequest, TooManyStreams
 from motus.serve.events import ALL, isoformat
 from motus.serve.store import Event
-from motus.serve.waiting import Parked, Ticket, current
+from motus.serve.waiting import Parked, Ticket, current, serving
 
 #: A comment line this often keeps proxies from closing an idle stream.
 KEEPALIVE_SECONDS = 15.0
@@ -246,11 +246,24 @@ class _Stream:
                 if _peer_gone(self.sock):
                     return
                 slice_ = min(PEER_CHECK_SECONDS, max(0.0, idle_until - time.monotonic()))
-                woke = events.wait(key, lambda: store.events_after(seen, self.session_id, 1) or None, slice_)
+                woke = _on_this_thread(events.wait, key, lambda: store.events_after(seen, self.session_id, 1) or None, slice_)
             if woke is None:
                 if events.closing:
                     return
                 yield ": keepalive\n\n"
+
+
+def _on_this_thread(wait: Any, *args: Any) -> Any:
+    """``wait(*args)`` on this thread even when its request has a ticket: a stream's body
+    waits here only once it could not be held (``--max-waiting``), and ``Events.wait``, should
+    a place free meanwhile, would park it by raising ``Parked`` out of the body's generator,
+    which ends it (the worker would resume a stream that is over)."""
+    ticket = current()
+    serving(None)
+    try:
+        return wait(*args)
+    finally:
+        serving(ticket)
 
 
 def _peer_gone(sock: socket.socket | None) -> bool:

@@ -670,6 +670,20 @@ class Machine:
         for end in after.ended:
             self._on_end(end)
 
+    def _remember_inbox(self) -> None:
+        """What the inbox shows of each session at start (the pending interrupts the store
+        brought back), for ``_announce`` to compare with: otherwise the answer or expiry of
+        one of them looks like no change, publishes no inbox change, and the inbox cache
+        (``Queries.inbox``) keeps showing it pending."""
+        for session in self._all():
+            with session.lock:
+                if session.deleted or session.turn is None:
+                    continue
+                pending = {item.interrupt_id: item.type for item in session.view().interrupts}
+            if pending:
+                with self._inboxed_lock:
+                    self._inboxed[session.session_id] = pending
+
     def _announce(self, session_id: str) -> None:
         """Publish a committed change of a session (no lock held). Inbox long polls are woken
         only when the session's pending interrupts changed, and only those watching every

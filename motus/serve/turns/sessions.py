@@ -64,7 +64,9 @@ class Turns(Queries, TimedMoves, Machine):
             session = session_from(record)
             with self._registry:
                 self._sessions[session.session_id] = session
-        return self.replicas.recover()
+        replayed = self.replicas.recover()
+        self._remember_inbox()
+        return replayed
 
     def start(self, pool: WorkerPool) -> None:
         self.pool = pool

@@ -475,6 +475,50 @@ def test_an_interrupt_is_answered_exactly_once_even_by_racing_resumes(make_turns
     assert len(pool.sent_to(handle)) == 1 and pending_ids(turns, sid) == ["b"]
 
 
+def inbox_ids(turns: Turns) -> list[str]:
+    return [item.interrupt_id for _, item in turns.inbox()]
+
+
+def test_the_inbox_stays_true_when_a_resume_and_the_next_interrupt_announce_out_of_order(make_turns: MakeTurns) -> None:
+    """A resume publishes on its request thread; the worker's next interrupt, which the
+    resume's value may bring at once, on the manager thread. Here the resume's announce is
+    preempted between reading the session and recording what it read, and the interrupt's
+    announce runs meanwhile: what the inbox last showed must end as the session is (i2
+    pending), or i2's answer later looks like no change and the cached inbox keeps it."""
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    handle = interrupted(turns, pool, sid, "i1")
+    assert inbox_ids(turns) == ["i1"]
+    real = turns._inboxed_lock
+    worker = threading.Thread(
+        target=turns.worker_message, args=(handle, Interrupt(interrupt_id="i2", payload=APPROVAL, seq=2)), name="manager",
+    )
+
+    class Preempted:
+        """The first time the resume's thread takes the lock, the worker's interrupt comes
+        first (where the read and its record are one step, it waits for them instead)."""
+
+        armed = True
+
+        def __enter__(self) -> None:
+            if Preempted.armed and threading.current_thread() is threading.main_thread():
+                Preempted.armed = False
+                worker.start()
+                worker.join(1.0)
+            real.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            real.__exit__(*exc)
+
+    turns._inboxed_lock = Preempted()  # type: ignore[assignment]
+    turns.resume(sid, "i1", True)
+    worker.join(10)
+    turns._inboxed_lock = real
+    assert pending_ids(turns, sid) == ["i2"] and inbox_ids(turns) == ["i2"]
+    turns.resume(sid, "i2", True)
+    assert pending_ids(turns, sid) == [] and inbox_ids(turns) == []
+
+
 # -- sessions --------------------------------------------------------------------------------
 
 

@@ -25,8 +25,9 @@ Guarantees:
 
 Thread ownership and lock order: ``Session`` fields and its ``Turn`` are guarded by
 ``Session.lock``; the sessions dict by ``_registry``; slots by ``Slots.lock``, timers by
-``Timers.lock`` (neither held while taking a session lock). Order: session lock ->
-``_registry`` | slots | timers -> pool lock. Request threads call the transitions, the pool's
+``Timers.lock`` (neither held while taking a session lock); what the inbox last showed
+(``_inboxed``) by ``_inboxed_lock``, a leaf. Order: session lock -> ``_registry`` | slots |
+timers | ``_inboxed_lock`` -> pool lock. Request threads call the transitions, the pool's
 manager thread ``worker_message``, the housekeeping thread the timed ones.
 """
 
@@ -670,6 +671,18 @@ class Machine:
         for end in after.ended:
             self._on_end(end)
 
+    def _record_inbox(self, session_id: str, pending: dict[str, str]) -> dict[str, str]:
+        """Record what the inbox shows of a session now; returns what it showed before.
+        ``_inboxed_lock`` is taken inside a session's lock (never the other way round) and
+        nothing is taken inside it."""
+        with self._inboxed_lock:
+            before = self._inboxed.get(session_id, {})
+            if pending:
+                self._inboxed[session_id] = pending
+            else:
+                self._inboxed.pop(session_id, None)
+        return before
+
     def _remember_inbox(self) -> None:
         """What the inbox shows of each session at start (the pending interrupts the store
         brought back), for ``_announce`` to compare with: otherwise the answer or expiry of
@@ -680,9 +693,8 @@ class Machine:
                 if session.deleted or session.turn is None:
                     continue
                 pending = {item.interrupt_id: item.type for item in session.view().interrupts}
-            if pending:
-                with self._inboxed_lock:
-                    self._inboxed[session.session_id] = pending
+                if pending:
+                    self._record_inbox(session.session_id, pending)
 
     def _announce(self, session_id: str) -> None:
         """Publish a committed change of a session (no lock held). Inbox long polls are woken
@@ -691,16 +703,18 @@ class Machine:
         end without one) do not make every approver's poll run again."""
         session = self._lookup(session_id)
         pending: dict[str, str] = {}
-        if session is not None:
+        if session is None:
+            before = self._record_inbox(session_id, pending)
+        else:
+            # Read and recorded under the session's lock, so that two announces of one session
+            # (a resume's on its request thread, the worker's next interrupt's on the manager
+            # thread) record what they read in the order they read it: recorded the other way
+            # round, the older read hid a pending interrupt from ``_inboxed``, and its answer
+            # later looked like no change (no inbox publish: the cached inbox kept it).
             with session.lock:
                 if not session.deleted and session.turn is not None:
                     pending = {item.interrupt_id: item.type for item in session.view().interrupts}
-        with self._inboxed_lock:
-            before = self._inboxed.get(session_id, {})
-            if pending:
-                self._inboxed[session_id] = pending
-            else:
-                self._inboxed.pop(session_id, None)
+                before = self._record_inbox(session_id, pending)
         kinds = {kind for key, kind in pending.items() if key not in before}
         kinds.update(kind for key, kind in before.items() if key not in pending)
         self.events.publish(session_id, inbox=kinds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import select
+import signal
 import socket
 import struct
 import time
@@ -20,6 +21,7 @@ import psutil
 import pytest
 
 from tests.conftest import Server, wait_until
+from tests.support.processes import alive as _alive
 
 #: Four request threads: without held waits, one stream and one long poll could wait at once.
 ARGS = ("--workers", "1", "--threads", "4", "--shutdown-timeout", "1")
@@ -279,3 +281,29 @@ def test_an_interrupt_answered_after_a_restart_leaves_the_inbox(start_server, tm
     started = time.monotonic()
     assert second.get("/interrupts?wait=true&timeout=1").json() == []
     assert time.monotonic() - started >= 0.9
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT], ids=["sigterm", "sigquit"])
+def test_a_stop_ends_every_held_wait_promptly_and_leaves_no_process(start_server, opened: list[Raw], sig: int) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS)
+    sids = [server.create_session() for _ in range(10)]
+    streams = [Raw(server, f"/sessions/{sid}/events") for sid in sids]
+    polls = [Raw(server, "/interrupts?wait=true&timeout=120") for _ in range(10)]
+    opened += streams + polls
+    for stream in streams:
+        stream.read_until(b"event: ready")
+    time.sleep(0.5)  # every one of them held
+    descendants = server.descendants()
+    started = time.monotonic()
+    server.process.send_signal(sig)
+    code = server.process.wait(20)
+    assert code == 0 or sig == signal.SIGQUIT, server.log()
+    for raw in streams + polls:
+        raw.until_eof(timeout=10)
+    assert time.monotonic() - started < 10
+    wait_until(lambda: not [p for p in descendants if _alive(p)], what="every process to end")
+    if sig == signal.SIGTERM:  # a graceful stop answers the polls and ends the streams properly
+        for poll in polls:
+            assert poll.buf.startswith(b"HTTP/1.1 200"), poll.buf[:200]
+        for stream in streams:
+            assert stream.buf.endswith(b"0\r\n\r\n"), stream.buf[-200:]

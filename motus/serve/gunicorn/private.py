@@ -20,6 +20,7 @@ reviewed here, and nowhere else.
 
 from __future__ import annotations
 
+import errno
 import io
 import queue
 from typing import Any
@@ -28,6 +29,9 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.http.unreader import Unreader
 from gunicorn.sock import close_sockets
 from gunicorn.workers.gthread import ThreadWorker
+
+#: What ``accept`` meets when the process (or the system) has no descriptor left for a client.
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 #: The releases whose source every touch below was read against. The serving tests pass on
 #: 27.0.0 and 27.0.1, the range ``pyproject.toml`` states (``>=27,<28``). Below 27.0 they do
@@ -165,6 +169,8 @@ class WorkerSeam(ThreadWorker):
     behaviour; ``MotusWorker`` implements the hooks. The methods and what they are in gthread
     (checked 24.1.1-27.0.1 unless said otherwise):
 
+    - ``accept(listener)``: the listener's callback; overridden here only so that running
+      out of descriptors stops accepting instead of ending the worker (see ``accept``).
     - ``enqueue_req(conn)``: every way a connection reaches the thread pool (accepted, kept
       alive and readable, pipelined); main thread.
     - ``finish_request(conn, fs)``: a thread is done with a connection; main thread (via the
@@ -177,6 +183,28 @@ class WorkerSeam(ThreadWorker):
       which a request served from memory makes a no-op): whether a connection whose answer
       allowed keep-alive may be reused.
     """
+
+    def accept(self, listener: Any) -> None:
+        """gthread's ``accept`` (main thread; the listener's selector callback, checked
+        24.1.1-27.0.1), except that running out of descriptors does not end the worker:
+        gthread re-raises any error but EAGAIN/ECONNABORTED, out of its main loop, so the
+        worker died (every running turn and a memory store's sessions with it) once a client
+        held more connections than the open-file limit allows, which ``worker_connections``
+        (``threads + --max-waiting + 1000``) may well exceed. Instead the worker stops
+        accepting until one of its connections closes: ``worker_connections`` becomes the
+        count it holds (the run loop compares them before every wait)."""
+        try:
+            ThreadWorker.accept(self, listener)
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_DESCRIPTORS:
+                raise
+            if self.worker_connections > self.nr_conns:
+                self.log.warning(
+                    "Out of file descriptors (%s) with %d connections open: accepting at most that many from now on; "
+                    "raise the open-file limit (ulimit -n) or lower --max-waiting", exc.strerror, self.nr_conns,
+                )
+            self.worker_connections = max(1, self.nr_conns)
+            self.set_accept_enabled(False)
 
     def enqueue_req(self, conn: Any) -> None:
         self.motus_enqueue(conn)

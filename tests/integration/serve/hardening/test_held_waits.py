@@ -18,6 +18,7 @@ import time
 from urllib.parse import urlsplit
 
 import psutil
+import requests
 import pytest
 
 from tests.conftest import Server, wait_until
@@ -307,3 +308,28 @@ def test_a_stop_ends_every_held_wait_promptly_and_leaves_no_process(start_server
             assert poll.buf.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503")), poll.buf[:200]
         for stream in streams:
             assert stream.buf.endswith(b"0\r\n\r\n"), stream.buf[-200:]
+
+
+def test_more_held_waits_than_the_open_file_limit_allows_do_not_end_the_worker(start_server, opened: list[Raw]) -> None:
+    """``worker_connections`` is ``--threads + --max-waiting + 1000``, more than a low
+    open-file limit allows: one client holding that many long polls made ``accept`` fail with
+    EMFILE, which gunicorn raised out of the worker's main loop; the worker died, and with it
+    every session of a memory store. It stops accepting instead, until a connection closes."""
+    server = start_server("tests.agents.few_descriptors:dispatch", *ARGS)
+    sid = server.create_session()
+    polls = [Raw(server, "/interrupts?wait=true&timeout=60") for _ in range(400)]  # past 256 descriptors
+    opened += polls
+    time.sleep(2.0)
+    for poll in polls:
+        poll.close()
+
+    def status() -> int | None:
+        try:
+            return server.get(f"/sessions/{sid}", timeout=5).status_code
+        except requests.RequestException:
+            return None  # still behind the connections being closed
+
+    wait_until(lambda: status() is not None, timeout=30, what="the server to answer again")
+    assert status() == 200, server.log()[-3000:]  # the same worker: its session is still there
+    assert "Exception in worker process" not in server.log()
+    assert "Out of file descriptors" in server.log()

@@ -413,14 +413,14 @@ def _take_waiter(waiters: Any) -> Any:
     then spin). Returns the slots to give one back to, or None when none was taken.
 
     A request its worker can hold without a thread (``waiting``) is never refused: with a
-    slot it waits ``ON_THREAD_SECONDS`` on its thread first, without one it is held at once
-    (served again after a park, it needs none). Should the worker's cap be reached before it
-    waits, it waits on its thread regardless: one request a thread, so at most ``--threads``
-    beyond the cap."""
+    slot it waits ``ON_THREAD_SECONDS`` on its thread first, without one it is held at once;
+    served again after a park, it takes no slot at all. Should the worker's cap be reached
+    before it waits, it waits on its thread regardless: one request a thread, so at most
+    ``--threads`` beyond the cap."""
     ticket = current_ticket()
+    if waiters is None or (ticket is not None and ticket.deadline is not None):
+        return None  # no cap, or a held poll served again: its event came, never refuse it
     holdable = ticket is not None and ticket.may_hold()
-    if waiters is None or (holdable and ticket.deadline is not None):  # type: ignore[union-attr]
-        return None
     if waiters.acquire(blocking=False):
         if holdable:
             ticket.thread_until = time.monotonic() + ON_THREAD_SECONDS  # type: ignore[union-attr]

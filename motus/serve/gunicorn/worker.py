@@ -425,7 +425,9 @@ class MotusWorker(WorkerSeam):
     def _after_answer(self, conn: Any, fs: Any, result: Any) -> None:
         if result is PARKED:
             self._hold(conn)
-        elif not result:
+            return
+        conn.motus_woken = False  # a wake that came as this request ended: not the next one's
+        if not result:
             self._linger(conn)
         elif getattr(conn, "motus_leftover", b""):
             self.motus_enqueue(conn)  # the next request is here already: the socket may stay quiet

@@ -14,6 +14,7 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import time
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ import psutil
 import requests
 import pytest
 
+from motus.serve.streams import PEER_CHECK_SECONDS
 from tests.conftest import Server, wait_until
 from tests.support.processes import alive as _alive
 
@@ -93,6 +95,26 @@ class Raw:
         """Hang up with a reset (nothing unsent is delivered, the server's next write fails)."""
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
+
+
+def long_polls_open(server: Server) -> float:
+    """The long-poll gauge (``/metrics``): long polls waiting, held or on a thread."""
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith("motus_long_polls_open "):
+            return float(line.split()[1])
+    raise AssertionError("no motus_long_polls_open in /metrics")
+
+
+def unsent_bytes(server: Server, raw: Raw) -> int:
+    """What the server's end of ``raw``'s connection has queued and the client not taken
+    (the kernel's send queue, read with ``ss``)."""
+    port = raw.sock.getsockname()[1]
+    server_port = urlsplit(server.url).port
+    out = subprocess.run(
+        ["ss", "-tnH", "state", "established", f"( sport = :{server_port} and dport = :{port} )"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    return int(out[1]) if len(out) > 1 else 0
 
 
 def serving_process(server: Server) -> psutil.Process:
@@ -233,7 +255,9 @@ def test_a_held_stream_whose_client_resets_while_its_answer_is_unsent_is_ended(s
     wait_until(lambda: server.get("/health").json()["open_streams"] == 1, what="the stream open")
     server.send(sid, "echo " + "x" * (6 * 1024 * 1024))  # an event far larger than the socket takes
     server.wait_for_status(sid, "idle", timeout=60)
-    time.sleep(1.0)  # the stream parked again, its answer mostly unsent, left to the main loop
+    # The event is on its way and stuck (the client reads nothing): the thread writes what
+    # the socket takes and leaves the rest to the main loop, as the stream parks again.
+    wait_until(lambda: unsent_bytes(server, stream) > 0, what="the event queued, unread")
     stream.reset()
     wait_until(lambda: server.get("/health").json()["open_streams"] == 0, what="the reset stream ended")
 
@@ -248,14 +272,15 @@ def test_a_stream_waiting_on_its_thread_is_not_cut_off_when_a_held_place_frees(s
     first = Raw(server, f"/sessions/{first_sid}/events")
     opened.append(first)
     first.read_until(b"event: ready")
-    time.sleep(0.5)  # held: the one place
     second = Raw(server, f"/sessions/{second_sid}/events")
     opened.append(second)
     second.read_until(b"event: ready")  # waits on its thread
     wait_until(lambda: server.get("/health").json()["open_streams"] == 2, what="both streams open")
     first.close()
     wait_until(lambda: server.get("/health").json()["open_streams"] == 1, what="the first stream forgotten")
-    time.sleep(3.0)  # a slice of the second's wait (PEER_CHECK_SECONDS) ends with the place free
+    # Let a slice of the second's wait on its thread end with the place free: a length of
+    # time is the condition here (the slices are PEER_CHECK_SECONDS long).
+    time.sleep(PEER_CHECK_SECONDS + 1.0)
     assert server.get("/health").json()["open_streams"] == 1
     server.send(second_sid, "echo still here")
     second.read_until(b'"content":"echo: still here"')
@@ -293,7 +318,7 @@ def test_a_stop_ends_every_held_wait_promptly_and_leaves_no_process(start_server
     opened += streams + polls
     for stream in streams:
         stream.read_until(b"event: ready")
-    time.sleep(0.5)  # every one of them held
+    wait_until(lambda: long_polls_open(server) == 10, what="every long poll waiting")
     descendants = server.descendants()
     started = time.monotonic()
     server.process.send_signal(sig)
@@ -319,7 +344,7 @@ def test_more_held_waits_than_the_open_file_limit_allows_do_not_end_the_worker(s
     sid = server.create_session()
     polls = [Raw(server, "/interrupts?wait=true&timeout=60") for _ in range(400)]  # past 256 descriptors
     opened += polls
-    time.sleep(2.0)
+    wait_until(lambda: "Out of file descriptors" in server.log(), timeout=30, what="the worker out of descriptors")
     for poll in polls:
         poll.close()
 

@@ -21,6 +21,8 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
@@ -435,19 +437,27 @@ def _take_waiter(waiters: Any) -> Any:
     )
 
 
+@contextmanager
+def _long_poll_slot() -> Iterator[None]:
+    """Around a long poll's wait: its slot (``_take_waiter``), given back however the wait
+    ends (a ``Parked`` included), and the long-poll gauge."""
+    waiters = _take_waiter(_server().waiters)
+    try:
+        with _server().metrics.long_poll():
+            yield
+    finally:
+        if waiters is not None:
+            waiters.release()
+
+
 @api.get("/sessions/<session_id>")
 def get_session(session_id: str) -> Response:
     turns = _server().turns
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)  # checked even when unused
     if _flag("wait"):
-        waiters = _take_waiter(_server().waiters)
-        try:
-            with _server().metrics.long_poll():
-                turns.wait(session_id, timeout)  # until it changes; what it is then is read below
-        finally:
-            if waiters is not None:
-                waiters.release()
+        with _long_poll_slot():
+            turns.wait(session_id, timeout)  # until it changes; what it is then is read below
     view, live = turns.get_with_live(session_id)  # one moment: interrupts and steps agree
     response = _session_response(view)
     if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED) and live is not None:
@@ -495,13 +505,8 @@ def inbox() -> Response:
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)
     turns = _server().turns
     if _flag("wait"):
-        waiters = _take_waiter(_server().waiters)
-        try:
-            with _server().metrics.long_poll():
-                found = turns.wait_inbox(kind, timeout)
-        finally:
-            if waiters is not None:
-                waiters.release()
+        with _long_poll_slot():
+            found = turns.wait_inbox(kind, timeout)
     else:
         found = turns.inbox(kind)
     items = [

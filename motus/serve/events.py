@@ -101,13 +101,15 @@ class Events:
                 for ticket in tickets:
                     ticket.wake()
 
-    def wait(self, session_id: str, check: Callable[[], T | None], timeout: float) -> T | None:
+    def wait(self, session_id: str, check: Callable[[], T | None], timeout: float, may_park: bool = True) -> T | None:
         """Return ``check()`` as soon as it is not None, or None after ``timeout`` seconds or
         when the server is closing. ``check`` may raise (an unknown session): that propagates.
 
         Served with a ticket its worker may hold: raises ``Parked`` instead of blocking, and
-        a run of the same request after a park waits only until the first run's deadline."""
-        ticket = current()
+        a run of the same request after a park waits only until the first run's deadline.
+        ``may_park=False``: on this thread whatever the request's ticket (a caller that
+        cannot be unwound by ``Parked``, such as a stream's body mid-generator)."""
+        ticket = current() if may_park else None
         deadline = ticket.deadline if ticket is not None and ticket.deadline is not None else time.monotonic() + timeout
         watch = self._enter(session_id)
         try:

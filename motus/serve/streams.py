@@ -48,7 +48,7 @@ from flask import Response
 from motus.serve.errors import BadRequest, TooManyStreams
 from motus.serve.events import ALL, isoformat
 from motus.serve.store import Event
-from motus.serve.waiting import Parked, Ticket, current, serving
+from motus.serve.waiting import Parked, Ticket, current
 
 #: A comment line this often keeps proxies from closing an idle stream.
 KEEPALIVE_SECONDS = 15.0
@@ -100,20 +100,21 @@ class StreamSlots:
         """A new stream: ``held`` when its worker can hold it without a thread (no slot is
         taken then); otherwise a slot, if one is free."""
         with self._lock:
-            if not held and self.limit and self.on_threads >= self.limit:
+            if not held and not self._take_thread_locked():
                 return False
             self.open += 1
-            if not held:
-                self.on_threads += 1
             return True
 
     def take_thread(self) -> bool:
         """A held stream must wait on its thread after all (``--max-waiting`` reached)."""
         with self._lock:
-            if self.limit and self.on_threads >= self.limit:
-                return False
-            self.on_threads += 1
-            return True
+            return self._take_thread_locked()
+
+    def _take_thread_locked(self) -> bool:
+        if self.limit and self.on_threads >= self.limit:
+            return False
+        self.on_threads += 1
+        return True
 
     def off_thread(self) -> None:
         """A stream stopped holding a thread (its worker holds it now)."""
@@ -246,24 +247,13 @@ class _Stream:
                 if _peer_gone(self.sock):
                     return
                 slice_ = min(PEER_CHECK_SECONDS, max(0.0, idle_until - time.monotonic()))
-                woke = _on_this_thread(events.wait, key, lambda: store.events_after(seen, self.session_id, 1) or None, slice_)
+                # On this thread even should a held place free meanwhile: parking raises
+                # ``Parked`` out of this generator, which would end the stream.
+                woke = events.wait(key, lambda: store.events_after(seen, self.session_id, 1) or None, slice_, may_park=False)
             if woke is None:
                 if events.closing:
                     return
                 yield ": keepalive\n\n"
-
-
-def _on_this_thread(wait: Any, *args: Any) -> Any:
-    """``wait(*args)`` on this thread even when its request has a ticket: a stream's body
-    waits here only once it could not be held (``--max-waiting``), and ``Events.wait``, should
-    a place free meanwhile, would park it by raising ``Parked`` out of the body's generator,
-    which ends it (the worker would resume a stream that is over)."""
-    ticket = current()
-    serving(None)
-    try:
-        return wait(*args)
-    finally:
-        serving(ticket)
 
 
 def _peer_gone(sock: socket.socket | None) -> bool:

@@ -544,11 +544,10 @@ class MotusWorker(WorkerSeam):
         self.unwatch(conn)
         conn.motus_woken = False
         ticket: Ticket = conn.motus_ticket
-        if ticket.stream is None:
-            self._count_held_poll(-1)
         if ticket.stream is not None:
             conn.motus_pump = True
         else:
+            self._count_held_poll(-1)
             data = conn.motus_rerun
             conn.motus_rerun = None
             self.add_buffered(len(data))
@@ -607,7 +606,6 @@ class MotusWorker(WorkerSeam):
         chunked = getattr(conn, "motus_chunked", True)
         answer = Answer(socket_of(conn), self)
         result: Any = False
-        serving(ticket)
         try:
             while True:
                 try:
@@ -626,7 +624,6 @@ class MotusWorker(WorkerSeam):
         except Exception:
             self.log.exception("Error serving an event stream")
         finally:
-            serving(None)
             if result is not PARKED:
                 stream.end()
                 conn.motus_ticket = None

@@ -690,9 +690,7 @@ class Machine:
         (``Queries.inbox``) keeps showing it pending."""
         for session in self._all():
             with session.lock:
-                if session.deleted or session.turn is None:
-                    continue
-                pending = {item.interrupt_id: item.type for item in session.view().interrupts}
+                pending = _inbox_view(session)
                 if pending:
                     self._record_inbox(session.session_id, pending)
 
@@ -712,8 +710,7 @@ class Machine:
             # round, the older read hid a pending interrupt from ``_inboxed``, and its answer
             # later looked like no change (no inbox publish: the cached inbox kept it).
             with session.lock:
-                if not session.deleted and session.turn is not None:
-                    pending = {item.interrupt_id: item.type for item in session.view().interrupts}
+                pending = _inbox_view(session)
                 before = self._record_inbox(session_id, pending)
         kinds = {kind for key, kind in pending.items() if key not in before}
         kinds.update(kind for key, kind in before.items() if key not in pending)
@@ -764,3 +761,11 @@ class Machine:
         except Exception as exc:
             log.exception("store write failed")
             raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
+
+
+def _inbox_view(session: Session) -> dict[str, str]:
+    """What the inbox shows of a session (under its lock): its pending interrupts' ids and
+    types."""
+    if session.deleted or session.turn is None:
+        return {}
+    return {item.interrupt_id: item.type for item in session.view().interrupts}

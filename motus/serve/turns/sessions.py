@@ -38,7 +38,7 @@ import time
 import uuid
 from typing import Any
 
-from motus.serve.errors import GrantNotFound, ServerUnavailable, SessionConflict, SessionLimitReached
+from motus.serve.errors import GrantNotFound, ServerUnavailable, SessionConflict, SessionLimitReached, SessionNotFound
 from motus.serve.pool import WorkerPool
 from motus.serve.store import AuditRecord, Event, StaleSession
 from motus.serve.turns.machine import Machine
@@ -140,6 +140,14 @@ class Turns(Queries, TimedMoves, Machine):
     # -- sessions ------------------------------------------------------------------------
 
     def create(self, session_id: str | None = None, state: list[dict[str, Any]] | None = None) -> SessionView:
+        if session_id is not None and self._lookup(session_id) is not None:
+            # Checked against the store as a read is: on a shared store the copy here may be
+            # of a row another instance deleted since (the listener can load a session just
+            # before its delete commits), which is then forgotten rather than a 409.
+            try:
+                self._read(session_id, lambda _session: None)
+            except SessionNotFound:
+                pass
         session = Session(session_id=session_id or str(uuid.uuid4()), touched=self._clock(), state=list(state or []))
         with session.lock:
             with self._registry:

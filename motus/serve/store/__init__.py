@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import re
 
-from motus.serve.store.base import EVENTS_KEPT, SCHEMA_VERSION, AuditRecord, Event, SessionRecord, SharedStore, StaleSession, Store, StoreError, TurnRecord
+from motus.serve.store.base import EVENTS_KEPT, SCHEMA_VERSION, AuditRecord, DurableStore, Event, SessionRecord, SessionSummary, SharedStore, StaleSession, Store, StoreError, TurnRecord
 from motus.serve.store.memory import MemoryStore
 
-__all__ = ["EVENTS_KEPT", "AuditRecord", "Event", "SCHEMA_VERSION", "SessionRecord", "SharedStore", "StaleSession", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
+__all__ = ["EVENTS_KEPT", "AuditRecord", "DurableStore", "Event", "SessionSummary", "SCHEMA_VERSION", "SessionRecord", "SharedStore", "StaleSession", "Store", "StoreError", "TurnRecord", "MemoryStore", "default_store_url", "store_from_url"]
 
 
 def default_store_url(agent_path: str | None) -> str:

@@ -84,6 +84,12 @@ def turn_json(turn: TurnRecord | None) -> str | None:
                       "grants": list(turn.grants), "started_at": turn.started_at})
 
 
+def has_deadline(text: str | None) -> bool:
+    """Whether a live turn's column gives it a deadline."""
+    live = load_json(text)
+    return isinstance(live, dict) and live.get("deadline") is not None
+
+
 def turn_from_json(turn_id: int, text: str | None, journal: list[JournalEntry]) -> TurnRecord | None:
     live = load_json(text)
     if live is None:
@@ -246,7 +252,69 @@ class Store(ABC):
         """The session's audit records, oldest first."""
 
 
-class SharedStore(Store):
+@dataclass(frozen=True)
+class SessionSummary:
+    """What a list of sessions shows of one (``GET /sessions``)."""
+
+    session_id: str
+    status: str
+    total_messages: int
+
+
+@dataclass(frozen=True)
+class LiveTurn:
+    """A session whose turn is live, as ``DurableStore.live_turns`` lists it."""
+
+    session_id: str
+    status: str
+    timed: bool  # a deadline, or a pending interrupt with an expiry
+
+
+class DurableStore(Store):
+    """A store whose sessions outlive the process (SQLite, PostgreSQL). The server keeps
+    only some of them in memory (``motus.serve.turns.cache``) and reads the rest from here
+    on demand; lists, counts, the inbox and the TTL sweep ask the store, not the memory.
+
+    Every query sees what a ``save`` or ``delete`` that returned has committed."""
+
+    durable = True
+
+    @abstractmethod
+    def load_one(self, session_id: str) -> SessionRecord | None:
+        """One session as ``load`` gives it, or None if it does not exist."""
+
+    @abstractmethod
+    def summaries(self) -> list[SessionSummary]:
+        """Every session's id, status and number of messages, oldest write first."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """How many sessions exist."""
+
+    @abstractmethod
+    def interrupted_ids(self) -> list[str]:
+        """The sessions whose status is ``interrupted`` (an inbox reads their interrupts),
+        oldest write first."""
+
+    @abstractmethod
+    def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
+        """Every interrupt waiting on a person (of a session whose status is
+        ``interrupted``, not yet answered), with its session's id; oldest first (by creation
+        time, then id)."""
+
+    @abstractmethod
+    def live_turns(self) -> list[LiveTurn]:
+        """The sessions with a live turn (running or interrupted), oldest write first, with
+        what a restart needs to know without reading each: whether the turn has a deadline
+        or a pending interrupt that expires (both are timed in memory)."""
+
+    @abstractmethod
+    def expired_ids(self, cutoff: float) -> list[str]:
+        """The idle and error sessions last written at or before ``cutoff`` (wall clock):
+        what the TTL sweep removes."""
+
+
+class SharedStore(DurableStore):
     """A store several server processes (instances) share, such as PostgreSQL.
 
     On top of ``Store``: every write of an existing session is checked against the row's
@@ -265,10 +333,6 @@ class SharedStore(Store):
     def delete(self, session_id: str, events: Sequence[Event] = (), version: int | None = None) -> int:
         """``Store.delete``, only if the row still has ``version`` (any, when None);
         ``StaleSession`` when it does not, or the session does not exist."""
-
-    @abstractmethod
-    def load_one(self, session_id: str) -> SessionRecord | None:
-        """One session as ``load`` gives it, or None if it does not exist."""
 
     @abstractmethod
     def version_of(self, session_id: str) -> int | None:

@@ -48,12 +48,15 @@ from motus.serve.store.base import (
     RECENT_EVENTS,
     AuditRecord,
     Event,
+    LiveTurn,
     RecentEvents,
     SessionRecord,
+    SessionSummary,
     SharedStore,
     StaleSession,
     StoreError,
     dump_json,
+    has_deadline,
     load_json,
     turn_from_json,
     turn_json,
@@ -198,6 +201,48 @@ class PostgresStore(SharedStore):
                     "SELECT body FROM motus_messages WHERE session_id = %s ORDER BY seq", (session_id,)
                 ).fetchall()
         return _session(row, [_entry(e) for e in entries], [body for (body,) in history])
+
+    def summaries(self) -> list[SessionSummary]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT s.session_id, s.status, (SELECT count(*) FROM motus_messages m WHERE m.session_id = s.session_id) "
+                "FROM motus_sessions s ORDER BY s.touched"
+            ).fetchall()
+        return [SessionSummary(session_id, status, int(count)) for session_id, status, count in rows]
+
+    def count(self) -> int:
+        with self._conn() as conn:
+            return int(conn.execute("SELECT count(*) FROM motus_sessions").fetchone()[0])
+
+    def interrupted_ids(self) -> list[str]:
+        with self._conn() as conn:
+            rows = conn.execute("SELECT session_id FROM motus_sessions WHERE status = 'interrupted' ORDER BY touched").fetchall()
+        return [session_id for (session_id,) in rows]
+
+    def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT j.session_id, " + ", ".join("j." + c.strip() for c in _JOURNAL_COLUMNS.split(",")) +
+                " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done ORDER BY coalesce(j.created_at, 0), j.ref"
+            ).fetchall()
+        return [(row[0], _entry(row[1:])) for row in rows]
+
+    def live_turns(self) -> list[LiveTurn]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT s.session_id, s.status, s.turn, EXISTS (SELECT 1 FROM motus_journal j WHERE j.session_id = s.session_id "
+                "AND j.turn_id = s.turn_id AND j.kind = 'interrupt' AND NOT j.done AND j.expires_at IS NOT NULL) "
+                "FROM motus_sessions s WHERE s.turn IS NOT NULL ORDER BY s.touched"
+            ).fetchall()
+        return [LiveTurn(session_id, status, bool(expiring) or has_deadline(turn)) for session_id, status, turn, expiring in rows]
+
+    def expired_ids(self, cutoff: float) -> list[str]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT session_id FROM motus_sessions WHERE status IN ('idle', 'error') AND touched <= %s ORDER BY touched", (cutoff,)
+            ).fetchall()
+        return [session_id for (session_id,) in rows]
 
     def version_of(self, session_id: str) -> int | None:
         with self._conn() as conn:

@@ -36,6 +36,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from motus.durable.records import JournalEntry
 from motus.serve.store.group_commit import GroupCommitter
@@ -45,11 +46,14 @@ from motus.serve.store.base import (
     RecentEvents,
     SCHEMA_VERSION,
     AuditRecord,
+    DurableStore,
     Event,
+    LiveTurn,
     SessionRecord,
-    Store,
+    SessionSummary,
     StoreError,
     dump_json,
+    has_deadline,
     load_json,
     turn_from_json,
     turn_json,
@@ -128,7 +132,7 @@ _ADDED_IN_2 = {
 _PRUNE_EVERY = 1000
 
 
-class SqliteStore(Store):
+class SqliteStore(DurableStore):
     kind = "sqlite"
     durable = True
 
@@ -295,35 +299,70 @@ class SqliteStore(Store):
             db = self._db()
             journals: dict[str, list[JournalEntry]] = {}
             for row in db.execute(
-                "SELECT j.session_id, j.seq, j.kind, j.key, j.label, j.done, j.value, j.ref, j.payload, "
-                "j.answered_at, j.answered_by, j.parent, j.created_at, j.expires_at, j.default_value FROM journal j JOIN sessions s "
+                f"SELECT j.session_id, {_JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id ORDER BY j.session_id, j.seq"
             ):
-                journals.setdefault(row[0], []).append(
-                    JournalEntry(
-                        seq=row[1], kind=row[2], key=row[3], label=row[4], done=bool(row[5]), value=row[6],
-                        ref=row[7], payload=load_json(row[8]), answered_at=row[9], answered_by=row[10], parent=row[11],
-                        created_at=row[12], expires_at=row[13], default=row[14],
-                    )
-                )
+                journals.setdefault(row[0], []).append(_entry(row[1:]))
             histories: dict[str, list[str]] = {}
             for session_id, body in db.execute("SELECT session_id, body FROM messages ORDER BY session_id, seq"):
                 histories.setdefault(session_id, []).append(body)
-            rows = db.execute(
-                "SELECT session_id, status, response, error, turn_id, touched, turn, grants FROM sessions ORDER BY touched"
+            rows = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY touched").fetchall()
+        for row in rows:
+            yield _session(row, journals.get(row[0], []), histories.get(row[0], ()))
+
+    def load_one(self, session_id: str) -> SessionRecord | None:
+        with self._lock:  # one connection, its reads under the lock: the row and its journal agree
+            db = self._db()
+            row = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            if row is None:
+                return None
+            entries = db.execute(
+                f"SELECT {_JOURNAL_COLUMNS} FROM journal WHERE session_id = ? AND turn_id = ? ORDER BY seq", (session_id, row[4])
             ).fetchall()
-        for session_id, status, response, error, turn_id, touched, turn, grants in rows:
-            yield SessionRecord(
-                session_id=session_id,
-                status=status,
-                state=[load_json(body) for body in histories.get(session_id, ())],
-                response=load_json(response),
-                error=error,
-                turn_id=turn_id,
-                touched=touched,
-                turn=turn_from_json(turn_id, turn, journals.get(session_id, [])),
-                grants=load_json(grants) or {},
-            )
+            history = db.execute("SELECT body FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+        return _session(row, [_entry(e) for e in entries], [body for (body,) in history])
+
+    def summaries(self) -> list[SessionSummary]:
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT s.session_id, s.status, (SELECT count(*) FROM messages m WHERE m.session_id = s.session_id) "
+                "FROM sessions s ORDER BY s.touched"
+            ).fetchall()
+        return [SessionSummary(session_id, status, count) for session_id, status, count in rows]
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db().execute("SELECT count(*) FROM sessions").fetchone()[0])
+
+    def interrupted_ids(self) -> list[str]:
+        with self._lock:
+            rows = self._db().execute("SELECT session_id FROM sessions WHERE status = 'interrupted' ORDER BY touched").fetchall()
+        return [session_id for (session_id,) in rows]
+
+    def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
+        with self._lock:
+            rows = self._db().execute(
+                f"SELECT j.session_id, {_JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
+                "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0 ORDER BY coalesce(j.created_at, 0), j.ref"
+            ).fetchall()
+        return [(row[0], _entry(row[1:])) for row in rows]
+
+    def live_turns(self) -> list[LiveTurn]:
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT s.session_id, s.status, s.turn, EXISTS (SELECT 1 FROM journal j WHERE j.session_id = s.session_id "
+                "AND j.turn_id = s.turn_id AND j.kind = 'interrupt' AND j.done = 0 AND j.expires_at IS NOT NULL) "
+                "FROM sessions s WHERE s.turn IS NOT NULL ORDER BY s.touched"
+            ).fetchall()
+        return [LiveTurn(session_id, status, bool(expiring) or has_deadline(turn)) for session_id, status, turn, expiring in rows]
+
+    def expired_ids(self, cutoff: float) -> list[str]:
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT session_id FROM sessions WHERE status IN ('idle', 'error') AND touched <= ? ORDER BY touched", (cutoff,)
+            ).fetchall()
+        return [session_id for (session_id,) in rows]
 
     def save(
         self,
@@ -449,6 +488,36 @@ class SqliteStore(Store):
                 "SELECT kind, at, by, data FROM audit WHERE session_id = ? ORDER BY id", (session_id,)
             ).fetchall()
         return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=load_json(row[3])) for row in rows]
+
+
+_SESSION_COLUMNS = "session_id, status, response, error, turn_id, touched, turn, grants"
+_JOURNAL_COLUMNS = (
+    "seq, kind, key, label, done, value, ref, payload, answered_at, answered_by, parent, created_at, expires_at, default_value"
+)
+_JOURNAL_COLUMNS_OF_J = ", ".join("j." + column.strip() for column in _JOURNAL_COLUMNS.split(","))
+
+
+def _entry(row: Sequence[Any]) -> JournalEntry:
+    return JournalEntry(
+        seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=row[5], ref=row[6],
+        payload=load_json(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
+        expires_at=row[12], default=row[13],
+    )
+
+
+def _session(row: Sequence[Any], journal: list[JournalEntry], history: Sequence[str]) -> SessionRecord:
+    session_id, status, response, error, turn_id, touched, turn, grants = row
+    return SessionRecord(
+        session_id=session_id,
+        status=status,
+        state=[load_json(body) for body in history],
+        response=load_json(response),
+        error=error,
+        turn_id=turn_id,
+        touched=touched,
+        turn=turn_from_json(turn_id, turn, journal),
+        grants=load_json(grants) or {},
+    )
 
 
 def _put_messages(db: sqlite3.Connection, session_id: str, first: int, messages: Sequence[object]) -> None:

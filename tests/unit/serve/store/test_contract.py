@@ -280,6 +280,61 @@ def test_sessions_load_oldest_write_first(durable: Backend) -> None:
     assert [r.session_id for r in store.load()] == ["c", "b", "a"]
 
 
+def test_one_session_reads_back_as_load_gives_it_and_an_unknown_one_is_none(durable: Backend) -> None:
+    store = durable.open()
+    durable.save(store, session("s1", turn=live_turn()), [PENDING, ANSWERED])
+    durable.save(store, session("s2", touched=1767225601.0))
+    loaded = {r.session_id: r for r in store.load()}
+    assert store.load_one("s1") == loaded["s1"] and store.load_one("s2") == loaded["s2"]
+    assert store.load_one("s1").turn.journal == [PENDING, ANSWERED]  # type: ignore[union-attr]
+    assert store.load_one("never-there") is None
+
+
+def test_the_queries_a_list_the_inbox_and_the_sweep_make_see_every_committed_write(durable: Backend) -> None:
+    """Lists, counts, the inbox and the TTL sweep read the store, not the server's memory
+    (which holds only some sessions): each sees what a returned save or delete committed."""
+    store = durable.open()
+    assert store.summaries() == [] and store.count() == 0 and store.interrupted_ids() == []
+    durable.save(store, session("idle-old", touched=1.0, state=[MESSAGE, REPLY]))
+    durable.save(store, session("waiting", touched=2.0, turn=live_turn()), [PENDING])
+    durable.save(store, session("failed", touched=3.0, status="error", error="boom"))
+    durable.save(store, session("idle-new", touched=5.0))
+    assert {s.session_id: s.status for s in store.summaries()} == {
+        "idle-old": "idle", "waiting": "interrupted", "failed": "error", "idle-new": "idle"}
+    assert store.count() == 4
+    assert [s.session_id for s in store.summaries()] == ["idle-old", "waiting", "failed", "idle-new"]
+    assert {s.session_id: s.total_messages for s in store.summaries()}["idle-old"] == 2
+    assert store.interrupted_ids() == ["waiting"]
+    assert store.expired_ids(3.0) == ["idle-old", "failed"]  # a session waiting on a person never expires
+    assert store.expired_ids(0.5) == []
+    durable.delete(store, "idle-old")
+    assert store.count() == 3 and "idle-old" not in [s.session_id for s in store.summaries()]
+    assert store.expired_ids(10.0) == ["failed", "idle-new"]
+
+
+def test_pending_interrupts_and_live_turns_are_read_from_the_rows(durable: Backend) -> None:
+    """What the inbox and a restart read without loading each session: the unanswered
+    interrupts of interrupted sessions, and the live turns with whether they are timed."""
+    store = durable.open()
+    first = replace(PENDING, created_at=10.0)
+    later = replace(PENDING, seq=7, ref="int-later", created_at=15.0)
+    durable.save(store, session("asks", touched=2.0, turn=live_turn()), [first, ANSWERED, later])
+    timed = replace(PENDING, ref="int-timed", created_at=12.0, expires_at=70.0)
+    durable.save(store, session("expires", touched=3.0, turn=live_turn()), [timed])
+    durable.save(store, session("runs", touched=1.0, status="running", turn=replace(live_turn(), deadline=None)), [STARTED])
+    durable.save(store, session("idle", touched=4.0))
+    assert [(sid, entry.ref) for sid, entry in store.pending_interrupts()] == [
+        ("asks", "int-1"), ("expires", "int-timed"), ("asks", "int-later")]
+    assert store.pending_interrupts()[2] == ("asks", later)
+    live = {turn.session_id: (turn.status, turn.timed) for turn in store.live_turns()}
+    # live_turn() has a deadline: every turn made from it is timed; "runs" has none
+    assert live == {"asks": ("interrupted", True), "expires": ("interrupted", True), "runs": ("running", False)}
+    durable.save(store, session("asks", touched=5.0, turn=replace(live_turn(), deadline=None)))
+    assert {t.session_id: t.timed for t in store.live_turns()}["asks"] is False
+    durable.save(store, session("expires", touched=6.0, turn=replace(live_turn(), deadline=None)))
+    assert {t.session_id: t.timed for t in store.live_turns()}["expires"] is True  # its interrupt expires
+
+
 def test_the_store_takes_what_the_memory_store_does(durable: Backend) -> None:
     store = durable.open()
     durable.save(store, session(state=[{"role": "tool", "content": "x", "score": math.nan}], response={"inf": math.inf}))

@@ -393,8 +393,8 @@ def _create(session_id: str | None, state: list[dict[str, Any]]) -> Response:
 @api.get("/sessions")
 def list_sessions() -> Response:
     summaries = [
-        SessionSummary(session_id=view.session_id, total_messages=view.total_messages, status=view.status.value)
-        for view in _server().turns.list()
+        SessionSummary(session_id=item.session_id, total_messages=item.total_messages, status=item.status)
+        for item in _server().turns.list()
     ]
     return jsonify([summary.model_dump(mode="json") for summary in summaries])
 

@@ -166,6 +166,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ttl", "--ttl", Seconds(0), 0.0, "Sweep idle/error sessions untouched this long (s); 0 = never."),
     Setting("timeout", "--timeout", Seconds(0), 0.0, "Kill a turn after this many seconds; 0 = never."),
     Setting("max_sessions", "--max-sessions", click.IntRange(0), 10000, "Cap on sessions; 0 = unlimited."),
+    Setting(
+        "session_cache", "--session-cache", click.IntRange(0), 2000,
+        "Sessions a durable store's server keeps in memory beyond those it must (running, waiting with a process, timed); the rest are read from the store when used; 0 = all.",
+        cli_env=True, metavar="N",
+    ),
     Setting("shutdown_timeout", "--shutdown-timeout", Seconds(0), 30.0, "Wait this long for running turns on shutdown; 0 = as long as they take. With a durable store, turns still running then are replayed at the next start."),
     Setting(
         "store", "--store", click.STRING, None,

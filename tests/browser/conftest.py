@@ -84,22 +84,26 @@ class Chat:
     screens: Path
     requests: list[Request] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    #: Reads of one session (``GET /sessions/{id}[...]``) in flight now, and the most ever.
-    session_reads: dict[str, int] = field(default_factory=dict)
+    #: Reads of one session (``GET /sessions/{id}[...]``) in flight now, and the most ever. A
+    #: reload or navigation cancels the old document's requests, whose failure Playwright may
+    #: report after the new document's first read began: a new document starts afresh.
+    session_reads: dict[str, set[Request]] = field(default_factory=dict)
     most_concurrent_session_reads: int = 0
 
     def _started(self, request: Request) -> None:
         self.requests.append(request)
+        if request.is_navigation_request() and request.frame is self.page.main_frame:
+            self.session_reads.clear()  # a new document: the old one's requests are cancelled
         match = SESSION_READ.search(request.url)
         if match and request.method == "GET":
-            sid = match.group(1)
-            self.session_reads[sid] = self.session_reads.get(sid, 0) + 1
-            self.most_concurrent_session_reads = max(self.most_concurrent_session_reads, self.session_reads[sid])
+            reads = self.session_reads.setdefault(match.group(1), set())
+            reads.add(request)
+            self.most_concurrent_session_reads = max(self.most_concurrent_session_reads, len(reads))
 
     def _ended(self, request: Request) -> None:
         match = SESSION_READ.search(request.url)
         if match and request.method == "GET":
-            self.session_reads[match.group(1)] -= 1
+            self.session_reads.get(match.group(1), set()).discard(request)
 
     # -- navigation and pictures
 

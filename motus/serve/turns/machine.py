@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,7 +46,7 @@ from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.durable.records import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
-from motus.serve.store import AuditRecord, Event, SessionRecord, StaleSession, Store
+from motus.serve.store import AuditRecord, DurableStore, Event, SessionRecord, StaleSession, Store
 from motus.serve.turns.replicas import Replicas, replicas_for
 from motus.serve.turns.slots import Slots
 from motus.serve.turns.state import (
@@ -95,6 +96,7 @@ class Machine:
         on_end: Callable[[TurnEnd], None] = lambda end: None,
         clock: Callable[[], float] = time.time,
         max_live_turns: int = 0,
+        session_cache: int = 0,
     ) -> None:
         self.store = store
         self.events = events
@@ -111,7 +113,13 @@ class Machine:
         self._clock = clock
         self.pool: WorkerPool | None = None
         self._registry = threading.Lock()
-        self._sessions: dict[str, Session] = {}
+        #: The sessions held in memory, least recently used first. With a store that outlives
+        #: the process, at most ``session_cache`` of them (0: all) beyond those that must stay
+        #: (``Replicas.may_forget``); the rest are read from the store when used.
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.session_cache = session_cache
+        #: What ``_trim`` keeps to: memory's sessions are nowhere else, so all are kept.
+        self._cache_limit = session_cache if isinstance(store, DurableStore) else 0
         #: What the inbox last showed of each session (its pending interrupt ids), so that a
         #: publish wakes inbox long polls only when that changed (``_announce``).
         self._inboxed: dict[str, dict[str, str]] = {}  # session -> interrupt id -> type
@@ -140,40 +148,88 @@ class Machine:
         with self._registry:
             return list(self._sessions.values())
 
-    def _all_fresh(self) -> list[Session]:
-        """Every session, those another instance created or changed read again first."""
-        self.replicas.catch_up()
-        sessions = self._all()
-        for session in sessions:
-            if session.stale:
-                self._refresh_now(session, publish=False)
-        return [session for session in sessions if not session.deleted]
-
     def _lookup(self, session_id: str) -> Session | None:
-        with self._registry:
-            return self._sessions.get(session_id)
-
-    def _session(self, session_id: str) -> Session:
+        """The session if it is held in memory (now the most recently used), else None."""
         with self._registry:
             session = self._sessions.get(session_id)
+            if session is not None:
+                self._sessions.move_to_end(session_id)
+            return session
+
+    def _session(self, session_id: str) -> Session:
+        """The session, read from the store if it is not held in memory (created on another
+        instance, or forgotten to keep within ``session_cache``); 404 if it does not exist."""
+        session = self._lookup(session_id)
         if session is None:
-            session = self.replicas.load(session_id)  # created on another instance
+            session = self.replicas.load(session_id)
+            self._trim()
         if session is None:
             raise SessionNotFound(session_id)
         return session
 
     def _read(self, session_id: str, read: Callable[[Session], T]) -> T:
         """``read(session)`` under its lock, on an up-to-date copy; 404 for one deleted."""
-        session = self._session(session_id)
+        for _ in range(STALE_RETRIES):
+            session = self._session(session_id)
+            after = After()
+            try:
+                with session.lock:
+                    if session.forgotten:
+                        continue  # dropped from memory meanwhile: the registry or the store has it
+                    self.replicas.fresh_locked(session, after, verify=True)
+                    if session.deleted:
+                        raise SessionNotFound(session_id)
+                    return read(session)
+            finally:
+                self._finish_read(after)
+        raise ServerUnavailable(f"Session {session_id} kept moving in and out of memory; try again")
+
+    def _hold(self, session: Session, adopt: bool) -> Session:
+        """Hold a session read from the store in memory, unless another thread did first
+        (then that copy). ``adopt``: its live turn is this instance's (one process), parked
+        or queued for replay as at a start. What the inbox shows of it is remembered for
+        ``_announce``, as at a start."""
         after = After()
-        try:
-            with session.lock:
-                self.replicas.fresh_locked(session, after, verify=True)
-                if session.deleted:
-                    raise SessionNotFound(session_id)
-                return read(session)
-        finally:
-            self._finish_read(after)
+        with session.lock:  # held while registered: nobody uses the copy before it is adopted
+            with self._registry:
+                held = self._sessions.setdefault(session.session_id, session)
+            if held is session:
+                if adopt and session.turn is not None:
+                    self._adopt_locked(session, session.turn, after)
+                pending = _inbox_view(session)
+                if pending:
+                    with self._inboxed_lock:
+                        self._inboxed.setdefault(session.session_id, pending)
+        self._finish(after)
+        return held
+
+    def _trim(self) -> None:
+        """Forget the least recently used sessions beyond ``session_cache`` that may be
+        forgotten (``Replicas.may_forget``: no process, no timer, nothing only memory holds).
+        A session in use (its lock taken) is passed over; one that must stay is moved to the
+        most recent end, so the next trim does not look at it again first."""
+        if not self._cache_limit:
+            return
+        with self._registry:
+            excess = len(self._sessions) - self._cache_limit
+            if excess <= 0:
+                return
+            candidates = [session for _, session in zip(range(excess), self._sessions.values())]
+        for session in candidates:
+            if not session.lock.acquire(blocking=False):
+                continue
+            try:
+                forget = not session.deleted and self.replicas.may_forget(session)
+                with self._registry:
+                    if self._sessions.get(session.session_id) is not session:
+                        continue
+                    if forget:
+                        del self._sessions[session.session_id]
+                        session.forgotten = True
+                    else:
+                        self._sessions.move_to_end(session.session_id)
+            finally:
+                session.lock.release()
 
     def _finish_read(self, after: After) -> None:
         """``_finish`` for a read, which may run inside a long poll's check, under an
@@ -192,6 +248,8 @@ class Machine:
             after = After()
             try:
                 with session.lock:
+                    if session.forgotten:
+                        continue  # dropped from memory meanwhile: the registry or the store has it
                     self.replicas.fresh_locked(session, after, verify=True)
                     if session.deleted:
                         raise SessionNotFound(session_id)
@@ -682,17 +740,6 @@ class Machine:
             else:
                 self._inboxed.pop(session_id, None)
         return before
-
-    def _remember_inbox(self) -> None:
-        """What the inbox shows of each session at start (the pending interrupts the store
-        brought back), for ``_announce`` to compare with: otherwise the answer or expiry of
-        one of them looks like no change, publishes no inbox change, and the inbox cache
-        (``Queries.inbox``) keeps showing it pending."""
-        for session in self._all():
-            with session.lock:
-                pending = _inbox_view(session)
-                if pending:
-                    self._record_inbox(session.session_id, pending)
 
     def _announce(self, session_id: str) -> None:
         """Publish a committed change of a session (no lock held). Inbox long polls are woken

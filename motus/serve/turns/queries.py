@@ -5,8 +5,10 @@ long polls), a mixin of ``Turns``.
 Guarantees: every read of one session is made under its lock on an up-to-date copy (on a
 shared store, the row's version is checked first: ``Machine._read``), and returns a snapshot
 (``SessionView``, copies of lists and dicts) that is safe to use once the lock is released;
-a deleted session is a 404. Lists and the inbox read every session, those another instance
-changed read again first. Reads change nothing and publish nothing.
+a deleted session is a 404. With a store that outlives the process, lists, counts and the
+inbox are queries of the store (the server holds only some sessions in memory, and the store
+has every committed change, another instance's too); with memory, of the sessions held.
+Reads change nothing and publish nothing.
 
 Threads: request threads. The sessions are the machine's, each guarded by its own lock;
 ``_inbox_cache`` (the machine's) has each entry set whole and its lists never changed (readers
@@ -20,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from motus.serve.errors import SessionNotFound
 from motus.serve.events import inbox_key
 from motus.durable.records import JournalEntry
-from motus.serve.store import AuditRecord, SharedStore
-from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, SessionView, TurnState
+from motus.serve.store import AuditRecord, DurableStore, SessionSummary, SharedStore
+from motus.serve.turns.replicas import ask_store
+from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, SessionView, TurnState, pending_interrupt
 
 if TYPE_CHECKING:
     from motus.serve.turns.machine import Machine
@@ -34,6 +37,10 @@ class Queries:
     """The reads of ``Turns`` (on the machine's state)."""
 
     def __len__(self: Machine) -> int:
+        """How many sessions exist (in the store, when it outlives the process)."""
+        store = self.store
+        if isinstance(store, DurableStore):
+            return ask_store(store.count)
         with self._registry:
             return len(self._sessions)
 
@@ -87,8 +94,12 @@ class Queries:
         return list(found)
 
     def _read_inbox(self: Machine, kind: str | None) -> list[tuple[str, PendingInterrupt]]:
+        store = self.store
+        if isinstance(store, DurableStore):
+            items = [(session_id, pending_interrupt(entry)) for session_id, entry in ask_store(store.pending_interrupts)]
+            return [(session_id, item) for session_id, item in items if kind is None or item.type == kind]
         found = []
-        for session in self._all_fresh():
+        for session in self._all():
             with session.lock:
                 if session.deleted:
                     continue
@@ -103,16 +114,22 @@ class Queries:
         found = self.events.wait(inbox_key(kind), lambda: self.inbox(kind) or None, timeout)
         return found or []
 
-    def list(self: Machine) -> list[SessionView]:
-        views = []
-        for session in self._all_fresh():
+    def list(self: Machine) -> list[SessionSummary]:
+        store = self.store
+        if isinstance(store, DurableStore):
+            return ask_store(store.summaries)
+        summaries = []
+        for session in self._all():
             with session.lock:
                 if not session.deleted:
-                    views.append(session.view())
-        return views
+                    summaries.append(SessionSummary(session.session_id, session.status.value, len(session.state)))
+        return summaries
 
     def counts(self: Machine) -> dict[str, int]:
+        """This instance's live turns (each held in memory) and parked ones: those held, and
+        with one process, the interrupted sessions of the store not held (forgotten, parked)."""
         live = parked = 0
+        held: set[str] = set()
         for session in self._all():
             turn = session.turn
             state = turn.state if turn is not None else None
@@ -120,13 +137,28 @@ class Queries:
                 parked += 1
             elif state is not None and state not in (TurnState.ENDED, TurnState.ELSEWHERE):
                 live += 1
+            held.add(session.session_id)
+        store = self.store
+        if isinstance(store, DurableStore) and not isinstance(store, SharedStore):
+            parked += sum(1 for session_id in ask_store(store.interrupted_ids) if session_id not in held)
         running = self.slots.in_use()
         return {"running_workers": running, "live_turns": live, "parked_turns": parked}
 
     def interrupt_counts(self: Machine) -> tuple[int, int]:
         """For metrics: interrupts waiting on a person, and how many of them belong to
-        parked turns."""
+        parked turns (with a durable store: every pending one whose turn has no process)."""
         pending = parked = 0
+        store = self.store
+        if isinstance(store, DurableStore):
+            # Another instance's turn (shared store) is counted pending, not parked: only
+            # its own instance knows whether it has a process.
+            shared = isinstance(store, SharedStore)
+            states = {s.session_id: s.turn.state for s in self._all() if s.turn is not None}
+            for session_id, _entry in ask_store(store.pending_interrupts):
+                pending += 1
+                state = states.get(session_id)
+                parked += state is TurnState.PARKED or (state is None and not shared)
+            return pending, parked
         for session in self._all():
             with session.lock:
                 turn = session.turn
@@ -155,3 +187,4 @@ def _live_turn(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry
     if turn is None or turn.state is TurnState.ENDED:
         return None
     return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at
+

@@ -19,7 +19,7 @@ Guarantees of ``SharedReplicas``:
   of an instance whose lease lapsed are taken over, each by exactly one instance; after an
   outage of this instance's own, nothing is taken over for one lease period.
 
-Threads: request threads call ``load``, ``catch_up``, ``fresh_locked`` (under the session's
+Threads: request threads call ``load``, ``may_forget`` (under the session's lock), ``fresh_locked`` (under the session's
 lock), ``owner_alive`` and ``learn_answer``; the store's listener thread calls
 ``changed_elsewhere`` and ``reconnected``; the housekeeping thread ``renew``. The sessions
 are the machine's, guarded as it says; ``_lease_lost`` and ``_claim_after`` belong to the
@@ -31,20 +31,22 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import ALL
 from motus.durable.journal import unpack
 from motus.durable.records import INTERRUPT, Resume
-from motus.serve.store import Event, SessionRecord, SharedStore, Store
+from motus.serve.store import DurableStore, Event, SessionRecord, SharedStore, Store
 from motus.serve.turns.state import ALREADY_RESUMED, BY_TIMEOUT, EXPIRED, After, Session, TurnState, session_from
 
 if TYPE_CHECKING:
     from motus.serve.turns.machine import Machine
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Replicas(ABC):
@@ -69,13 +71,15 @@ class Replicas(ABC):
 
     @abstractmethod
     def load(self, session_id: str) -> Session | None:
-        """A session this instance does not know yet, read from the store into the
-        registry, or None."""
+        """A session not held in memory (created on another instance, or forgotten to keep
+        within the session cache), read from the store into the registry, or None.
+        ``ServerUnavailable`` when the store cannot be read."""
 
     @abstractmethod
-    def catch_up(self) -> None:
-        """Before a listing: mark every session another instance changed, and load those it
-        created. ``ServerUnavailable`` when the store cannot be read."""
+    def may_forget(self, session: Session) -> bool:
+        """Under the session's lock: whether its copy may be dropped from memory, the store
+        holding all of it. Never a session with a process, a timer, or a turn this
+        instance owns that only memory follows."""
 
     @abstractmethod
     def fresh_locked(self, session: Session, after: After, verify: bool = False) -> None:
@@ -120,23 +124,43 @@ class LocalReplicas(Replicas):
         return None  # no lease: nobody else could take a turn over
 
     def recover(self) -> int:
-        """Every stored live turn is this process's: parked while it waits on a person,
-        queued for replay otherwise."""
-        after = After()
-        for session in self.machine._all():
-            if session.turn is not None:
-                self.machine._adopt_locked(session, session.turn, after)
-        self.machine.slots.release(0, after.queued)
-        return len(after.queued)
+        """Every stored live turn is this process's: queued for replay if it was running,
+        parked while it waits on a person. A parked turn with nothing timed is read from the
+        store when used, once the session cache is full (the store says which are which
+        without reading each: ``live_turns``)."""
+        if not isinstance(self.store, DurableStore):
+            return 0  # memory: nothing outlived the last process
+        replayed = 0
+        for live in ask_store(self.store.live_turns):
+            cache = self.machine._cache_limit
+            if live.status == "interrupted" and not live.timed and cache and len(self.machine._sessions) >= cache:
+                continue
+            session = self.load(live.session_id)
+            turn = session.turn if session is not None else None
+            replayed += turn is not None and turn.state is TurnState.QUEUED
+        return replayed
 
     def start(self) -> None:
         """Nothing to follow: no other instance writes."""
 
     def load(self, session_id: str) -> Session | None:
-        return None  # every session of the store is in the registry from the start
+        """From a durable store (a session forgotten to keep within the cache; its parked
+        turn is adopted again); with memory every session is always in the registry."""
+        if not isinstance(self.store, DurableStore):
+            return None
+        record = _read(self.store, session_id)
+        return None if record is None else self.machine._hold(session_from(record), adopt=True)
 
-    def catch_up(self) -> None:
-        """Nothing to catch up with: no other instance writes."""
+    def may_forget(self, session: Session) -> bool:
+        """No turn, or a parked one with no deadline and no expiring interrupt (those are
+        timed in memory), and nothing waiting to be written."""
+        turn = session.turn
+        if turn is None:
+            return True
+        return (
+            turn.state is TurnState.PARKED and turn.deadline is None and not turn.backlog
+            and all(entry.expires_at is None for entry in turn.pending())
+        )
 
     def fresh_locked(self, session: Session, after: After, verify: bool = False) -> None:
         """The working copy is the row: always fresh."""
@@ -148,7 +172,10 @@ class LocalReplicas(Replicas):
         return True  # the only instance, alive
 
     def learn_answer(self, session: Session, interrupt_id: str) -> None:
-        """Every answer was given here, and retired with its reason then."""
+        """Every answer was given here, and retired with its reason then; a copy read back
+        from the store (forgotten meanwhile) asks the audit, as on a shared store."""
+        if interrupt_id not in session.retired and isinstance(self.store, DurableStore):
+            _learn_from_audit(self.store, session, interrupt_id)
 
     def delete_row(self, session: Session, events: Sequence[Event]) -> None:
         self.store.delete(session.session_id, events)
@@ -188,50 +215,31 @@ class SharedReplicas(Replicas):
             return None
         return self._load(session_id)
 
-    def catch_up(self) -> None:
-        try:
-            versions = self.store.versions()
-        except Exception as exc:
-            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
-        for session in self.machine._all():
-            if versions.get(session.session_id) != session.version:
-                session.stale = True
-        with self.machine._registry:
-            unknown = [session_id for session_id in versions if session_id not in self.machine._sessions]
-        for session_id in unknown:
-            self._load(session_id)
+    def may_forget(self, session: Session) -> bool:
+        """No turn, or a copy of another instance's: a turn this one owns is followed here
+        (answers given elsewhere reach its worker through this copy)."""
+        turn = session.turn
+        return turn is None or (turn.state is TurnState.ELSEWHERE and session.owner != self.instance)
 
     def learn_answer(self, session: Session, interrupt_id: str) -> None:
         """An instance that learned of the answer from another's commit only knows it was
         answered, not by whom: the audit says whether it expired."""
         if session.retired.get(interrupt_id) in (None, ALREADY_RESUMED):
-            try:
-                records = self.store.audit(session.session_id)
-            except Exception as exc:  # the 404 stands; only its reason is less precise
-                log.warning("session %s: could not read the audit for a late resume: %s", session.session_id, exc)
-                records = []
-            for record in records:
-                if record.kind == "resolved" and record.data.get("interrupt_id") == interrupt_id:
-                    session.retire(interrupt_id, EXPIRED if record.by == BY_TIMEOUT else ALREADY_RESUMED)
+            _learn_from_audit(self.store, session, interrupt_id)
 
     def delete_row(self, session: Session, events: Sequence[Event]) -> None:
         self.store.delete(session.session_id, events, version=session.version)
 
     def _load(self, session_id: str) -> Session | None:
-        """A session another instance created, read from the store into the registry."""
+        """A session not held here, read from the store into the registry (its live turn,
+        if any, another instance's until a refresh says otherwise)."""
         record = self._read(session_id)
         if record is None:
             return None
-        session = session_from(record)
-        with self.machine._registry:
-            return self.machine._sessions.setdefault(session_id, session)
+        return self.machine._hold(session_from(record), adopt=False)
 
     def _read(self, session_id: str) -> SessionRecord | None:
-        try:
-            return self.store.load_one(session_id)
-        except Exception as exc:
-            log.warning("could not read session %s from the store: %s", session_id, exc)
-            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+        return _read(self.store, session_id)
 
     def owner_alive(self, owner: str | None) -> bool:
         """For a resume: a live lease and a connection, asked of the store; an instance just
@@ -329,8 +337,7 @@ class SharedReplicas(Replicas):
         if session is not None and version == session.version and not new_events:
             return  # this instance's own change, already published when it was committed
         if session is None:
-            if version > 0:
-                session = self._load(session_id)  # new here: the inbox and lists show it
+            pass  # not held here: read from the store when used (lists and the inbox ask the store)
         elif version != session.version:
             session.stale = True
             turn = session.turn
@@ -380,6 +387,31 @@ class SharedReplicas(Replicas):
                 self.machine._refresh_now(session, publish=True)
             except ServerUnavailable as exc:
                 log.warning("session %s: %s", session_id, exc.detail)
+
+
+def ask_store(query: Callable[[], T]) -> T:
+    """A query of the store; ``ServerUnavailable`` (a 503) when it cannot be read."""
+    try:
+        return query()
+    except Exception as exc:
+        raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+
+
+def _read(store: DurableStore, session_id: str) -> SessionRecord | None:
+    return ask_store(lambda: store.load_one(session_id))
+
+
+def _learn_from_audit(store: DurableStore, session: Session, interrupt_id: str) -> None:
+    """For the 404 of a late resume: the audit says whether the interrupt expired or was
+    answered (the copy here may not know: answered elsewhere, or read back from the store)."""
+    try:
+        records = store.audit(session.session_id)
+    except Exception as exc:  # the 404 stands; only its reason is less precise
+        log.warning("session %s: could not read the audit for a late resume: %s", session.session_id, exc)
+        return
+    for record in records:
+        if record.kind == "resolved" and record.data.get("interrupt_id") == interrupt_id:
+            session.retire(interrupt_id, EXPIRED if record.by == BY_TIMEOUT else ALREADY_RESUMED)
 
 
 def replicas_for(store: Store, machine: Machine) -> Replicas:

@@ -40,10 +40,11 @@ from typing import Any
 
 from motus.serve.errors import GrantNotFound, ServerUnavailable, SessionConflict, SessionLimitReached, SessionNotFound
 from motus.serve.pool import WorkerPool
-from motus.serve.store import AuditRecord, Event, StaleSession
+from motus.serve.store import AuditRecord, DurableStore, Event, SharedStore, StaleSession
 from motus.serve.turns.machine import Machine
 from motus.serve.turns.queries import Queries
-from motus.serve.turns.state import ANONYMOUS, CANCELLED, After, Session, SessionStatus, SessionView, TurnState, busy, session_from
+from motus.serve.turns.replicas import ask_store
+from motus.serve.turns.state import ANONYMOUS, CANCELLED, After, Session, SessionStatus, SessionView, TurnState, busy
 from motus.serve.turns.timers import TimedMoves
 
 log = logging.getLogger(__name__)
@@ -55,18 +56,14 @@ class Turns(Queries, TimedMoves, Machine):
     # -- start and stop ------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Load every session from the store (before serving). Interrupted turns come back
-        parked with the same interrupt ids; running ones are queued to be replayed.
-        Returns how many turns will be replayed. On a shared store every live turn is first
-        seen as another instance's: those whose instance is gone are taken over by
-        ``start`` (``claim_orphans``), each by one instance."""
-        for record in self.store.load():
-            session = session_from(record)
-            with self._registry:
-                self._sessions[session.session_id] = session
-        replayed = self.replicas.recover()
-        self._remember_inbox()
-        return replayed
+        """Take up the live turns the store holds (before serving): interrupted turns come
+        back parked with the same interrupt ids, running ones are queued to be replayed.
+        Returns how many turns will be replayed. Sessions are read from the store when
+        used; only those a restart must act on are read now (``Replicas.recover``). On a
+        shared store every live turn is first seen as another instance's: those whose
+        instance is gone are taken over by ``start`` (``claim_orphans``), each by one
+        instance."""
+        return self.replicas.recover()
 
     def start(self, pool: WorkerPool) -> None:
         self.pool = pool
@@ -140,14 +137,18 @@ class Turns(Queries, TimedMoves, Machine):
     # -- sessions ------------------------------------------------------------------------
 
     def create(self, session_id: str | None = None, state: list[dict[str, Any]] | None = None) -> SessionView:
-        if session_id is not None and self._lookup(session_id) is not None:
-            # Checked against the store as a read is: on a shared store the copy here may be
-            # of a row another instance deleted since (the listener can load a session just
-            # before its delete commits), which is then forgotten rather than a 409.
+        if session_id is not None:
+            # Read as any session is (from the store if it is not held here), so that the
+            # check below finds it; and on a shared store the copy here may be of a row
+            # another instance deleted since (the listener can load a session just before
+            # its delete commits), which is then forgotten rather than a 409.
             try:
                 self._read(session_id, lambda _session: None)
             except SessionNotFound:
                 pass
+        # Counted before the registry's lock is taken (a store's count is a query): creates
+        # at the same moment may pass the cap by a few.
+        existing = len(self) if self.max_sessions else 0
         session = Session(session_id=session_id or str(uuid.uuid4()), touched=self._clock(), state=list(state or []))
         with session.lock:
             with self._registry:
@@ -155,21 +156,35 @@ class Turns(Queries, TimedMoves, Machine):
                     raise ServerUnavailable("Server is shutting down")
                 if session.session_id in self._sessions:
                     raise SessionConflict(f"Session {session.session_id} already exists")
-                if self.max_sessions and len(self._sessions) >= self.max_sessions:
+                if self.max_sessions and existing >= self.max_sessions:
                     raise SessionLimitReached(
                         f"Session limit reached ({self.max_sessions}); delete a session or raise --max-sessions"
                     )
                 self._sessions[session.session_id] = session
             try:
+                if session_id is not None and self._stored_elsewhere(session_id):
+                    raise SessionConflict(f"Session {session.session_id} already exists")
                 self._save(session, session.record(state=session.state), events=[session.event("status", session.touched, status="idle")])
-            except (ServerUnavailable, StaleSession) as exc:
-                session.deleted = True
+            except (ServerUnavailable, StaleSession, SessionConflict) as exc:
+                session.forgotten = True  # a thread that found this copy looks again (the stored one, or none)
                 with self._registry:
-                    self._sessions.pop(session.session_id, None)
+                    if self._sessions.get(session.session_id) is session:
+                        del self._sessions[session.session_id]
                 if isinstance(exc, StaleSession):  # created on another instance meanwhile
                     raise SessionConflict(f"Session {session.session_id} already exists") from None
                 raise
-            return session.view()
+        self._trim()
+        return session.view()
+
+    def _stored_elsewhere(self, session_id: str) -> bool:
+        """Whether a client-chosen id is a session of one process's durable store that is
+        not held in memory (forgotten to keep within the cache). Asked with the new copy
+        registered and locked, so nobody reads the stored one in meanwhile. A shared store
+        refuses the create itself (``StaleSession``)."""
+        if not isinstance(self.store, DurableStore) or isinstance(self.store, SharedStore):
+            return False
+        store = self.store
+        return ask_store(lambda: store.load_one(session_id)) is not None
 
     def delete(self, session_id: str) -> None:
         """Remove the session; a live turn ends (its process gets ``EOFError`` and a grace)."""
@@ -192,36 +207,41 @@ class Turns(Queries, TimedMoves, Machine):
         self._commit(lambda: self.replicas.delete_row(session, events))
 
     def sweep(self, now: float | None = None) -> list[str]:
-        """Remove idle and error sessions nothing has written to for ``ttl`` seconds."""
+        """Remove idle and error sessions nothing has written to for ``ttl`` seconds. The
+        candidates are the store's (durable) or the memory's; each is looked at again under
+        its lock on its current row, as any change is (another instance may have written or
+        swept it meanwhile)."""
         if not self.ttl:
             return []
         cutoff = (self._clock() if now is None else now) - self.ttl
-        removed: list[str] = []
-        changed: list[Session] = []
-        for session in self._all():
-            with session.lock:
-                if session.deleted or session.status not in (SessionStatus.IDLE, SessionStatus.ERROR) or session.touched > cutoff:
-                    continue
-                try:
-                    gone = [session.event("status", self._clock(), status="deleted", reason="ttl")]
-                    self._delete_row(session, gone)
-                except StaleSession:
-                    session.stale = True  # changed (or removed) elsewhere meanwhile: read again below
-                    changed.append(session)
-                    continue
-                except ServerUnavailable:
-                    log.warning("TTL sweep could not delete session %s from the store", session.session_id)
-                    continue
-                session.deleted = True
-                with self._registry:
-                    self._sessions.pop(session.session_id, None)
-                removed.append(session.session_id)
-            self._announce(session.session_id)
-        for session in changed:  # a session another instance swept (or wrote) first is forgotten or kept
+        store = self.store
+        if isinstance(store, DurableStore):
             try:
-                self._refresh_now(session, publish=False)
+                candidates = ask_store(lambda: store.expired_ids(cutoff))
             except ServerUnavailable as exc:
-                log.warning("TTL sweep: session %s is read again when next used: %s", session.session_id, exc.detail)
+                log.warning("TTL sweep: %s", exc.detail)
+                return []
+        else:
+            candidates = [session.session_id for session in self._all() if session.touched <= cutoff]
+        removed: list[str] = []
+
+        def expire(session: Session, after: After) -> None:
+            if session.status not in (SessionStatus.IDLE, SessionStatus.ERROR) or session.touched > cutoff:
+                return
+            self._delete_row(session, [session.event("status", self._clock(), status="deleted", reason="ttl")])
+            session.deleted = True
+            with self._registry:
+                self._sessions.pop(session.session_id, None)
+            removed.append(session.session_id)
+            after.publish.append(session.session_id)
+
+        for session_id in candidates:
+            try:
+                self._attempt(session_id, expire)
+            except SessionNotFound:
+                continue  # deleted meanwhile
+            except ServerUnavailable as exc:
+                log.warning("TTL sweep could not delete session %s: %s", session_id, exc.detail)
         return removed
 
     def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:

@@ -248,6 +248,9 @@ class Session:
     retired: OrderedDict[str, str] = field(default_factory=OrderedDict)
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool name -> {"by", "at"}
     deleted: bool = False
+    #: Dropped from the server's memory to keep it within ``--session-cache`` (its row is
+    #: the whole of it): a thread that took this copy before then looks the session up again.
+    forgotten: bool = False
     #: Shared stores: the stored row's version this copy was read at, the instance that
     #: runs its live turn, and whether another instance has changed the row since.
     version: int = 0

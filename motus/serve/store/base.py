@@ -272,7 +272,7 @@ class LiveTurn:
 
 class DurableStore(Store):
     """A store whose sessions outlive the process (SQLite, PostgreSQL). The server keeps
-    only some of them in memory (``motus.serve.turns.cache``) and reads the rest from here
+    only some of them in memory (the session cache of ``motus.serve.turns.machine``) and reads the rest from here
     on demand; lists, counts, the inbox and the TTL sweep ask the store, not the memory.
 
     Every query sees what a ``save`` or ``delete`` that returned has committed."""

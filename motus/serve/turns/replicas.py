@@ -62,8 +62,8 @@ class Replicas(ABC):
 
     @abstractmethod
     def recover(self) -> int:
-        """After the sessions are loaded (before serving): make the live turns this instance
-        is to run its own. Returns how many will be replayed."""
+        """Before serving: make the live turns the store holds that this instance is to run
+        its own (reading the sessions it must act on now). Returns how many will be replayed."""
 
     @abstractmethod
     def start(self) -> None:

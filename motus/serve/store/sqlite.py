@@ -130,6 +130,10 @@ _ADDED_IN_2 = {
 
 #: Events are pruned (down to ``EVENTS_KEPT``) once every this many inserts.
 _PRUNE_EVERY = 1000
+#: Events inserted by one statement (four values each; SQLite takes 32,766 at most).
+_EVENTS_A_STATEMENT = 500
+#: ``INSERT ... RETURNING`` (SQLite 3.35); older libraries insert an event a statement.
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 class SqliteStore(DurableStore):
@@ -395,11 +399,13 @@ class SqliteStore(DurableStore):
                 db.execute("DELETE FROM journal WHERE session_id = ?", (record.session_id,))
             else:
                 db.execute("DELETE FROM journal WHERE session_id = ? AND turn_id <> ?", (record.session_id, turn.turn_id))
-                self._put_entries(db, record.session_id, turn.turn_id, entries)
-            db.executemany(
-                "INSERT INTO audit (session_id, kind, at, by, data) VALUES (?, ?, ?, ?, ?)",
-                [(a.session_id, a.kind, a.at, a.by, dump_json(a.data)) for a in audit],
-            )
+                if entries:
+                    self._put_entries(db, record.session_id, turn.turn_id, entries)
+            if audit:
+                db.executemany(
+                    "INSERT INTO audit (session_id, kind, at, by, data) VALUES (?, ?, ?, ?, ?)",
+                    [(a.session_id, a.kind, a.at, a.by, dump_json(a.data)) for a in audit],
+                )
             return self._put_events(db, events)
 
         return self._writer().submit(write, lambda _last: self._recent.extend(events))
@@ -436,14 +442,27 @@ class SqliteStore(DurableStore):
     def _put_events(self, db: sqlite3.Connection, events: Sequence[Event]) -> int:
         """Insert ``events`` (inside the caller's transaction), set their seqs, prune now and
         then; returns the newest seq (0 when there were none)."""
-        for event in events:
-            cursor = db.execute(
-                "INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
-                (event.session_id, event.kind, dump_json(event.data), event.at),
-            )
-            event.seq = int(cursor.lastrowid or 0)
-            if event.seq % _PRUNE_EVERY == 0:
-                db.execute("DELETE FROM events WHERE seq <= ?", (event.seq - self.events_kept,))
+        # One statement for a transition's events (a status and its interrupt, say): each
+        # statement is a round through SQLite's C code that gives up the GIL and waits for it
+        # again, which under many request threads costs more than the insert.
+        for first in range(0, len(events), _EVENTS_A_STATEMENT):
+            chunk = events[first:first + _EVENTS_A_STATEMENT]
+            values = [value for event in chunk for value in (event.session_id, event.kind, dump_json(event.data), event.at)]
+            if len(chunk) > 1 and _RETURNING:
+                rows = db.execute(
+                    "INSERT INTO events (session_id, kind, data, at) VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(chunk)) + " RETURNING seq",
+                    values,
+                ).fetchall()
+                seqs = sorted(int(seq) for (seq,) in rows)  # (RETURNING's order is not promised; the seqs follow the rows')
+            else:
+                seqs = []
+                for index in range(len(chunk)):
+                    cursor = db.execute("INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)", values[4 * index:4 * index + 4])
+                    seqs.append(int(cursor.lastrowid or 0))
+            for event, seq in zip(chunk, seqs):
+                event.seq = seq
+                if seq % _PRUNE_EVERY == 0:
+                    db.execute("DELETE FROM events WHERE seq <= ?", (seq - self.events_kept,))
         return events[-1].seq if events else 0
 
     def delete(self, session_id: str, events: Sequence[Event] = ()) -> int:

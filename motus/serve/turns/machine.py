@@ -26,8 +26,9 @@ Guarantees:
 Thread ownership and lock order: ``Session`` fields and its ``Turn`` are guarded by
 ``Session.lock``; the sessions dict by ``_registry``; slots by ``Slots.lock``, timers by
 ``Timers.lock`` (neither held while taking a session lock); what the inbox last showed
-(``_inboxed``) by ``_inboxed_lock``, a leaf. Order: session lock -> ``_registry`` | slots |
-timers | ``_inboxed_lock`` -> pool lock. Request threads call the transitions, the pool's
+(``_inboxed``) by ``_inboxed_lock``, a leaf; a read of a session from the store by its stripe
+of ``_loading``. Order: ``_loading`` -> session lock -> ``_registry`` | slots | timers |
+``_inboxed_lock`` -> pool lock. Request threads call the transitions, the pool's
 manager thread ``worker_message``, the housekeeping thread the timed ones.
 """
 
@@ -118,6 +119,8 @@ class Machine:
         #: (``Replicas.may_forget``); the rest are read from the store when used.
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self.session_cache = session_cache
+        #: One reader of a given session id from the store at a time (``_load``), striped.
+        self._loading = tuple(threading.Lock() for _ in range(64))
         #: What ``_trim`` keeps to: memory's sessions are nowhere else, so all are kept.
         self._cache_limit = session_cache if isinstance(store, DurableStore) else 0
         #: What the inbox last showed of each session (its pending interrupt ids), so that a
@@ -159,12 +162,22 @@ class Machine:
     def _session(self, session_id: str) -> Session:
         """The session, read from the store if it is not held in memory (created on another
         instance, or forgotten to keep within ``session_cache``); 404 if it does not exist."""
-        session = self._lookup(session_id)
-        if session is None:
-            session = self.replicas.load(session_id)
-            self._trim()
+        session = self._lookup(session_id) or self._load(session_id)
         if session is None:
             raise SessionNotFound(session_id)
+        return session
+
+    def _load(self, session_id: str) -> Session | None:
+        """Read a session that is not held into memory (``Replicas.load``), or None if the
+        store has none. One thread at a time reads a given id, and it looks at the registry
+        again first: a copy read while another thread held the session, changed it and
+        forgot it again would be older than the store, and with one process nothing would
+        ever read it again (the working copy is the truth). Then the cache is trimmed."""
+        with self._loading[hash(session_id) % len(self._loading)]:
+            session = self._lookup(session_id)
+            if session is None:
+                session = self.replicas.load(session_id)
+        self._trim()
         return session
 
     def _read(self, session_id: str, read: Callable[[Session], T]) -> T:
@@ -262,19 +275,31 @@ class Machine:
             return result
         raise ServerUnavailable(f"Session {session_id} kept changing on other instances; try again")
 
-    def _refresh_now(self, session: Session, publish: bool) -> None:
+    def _refresh_now(self, session: Session, publish: bool, load: bool = False) -> None:
         """Read a stale session again under its lock, then do what that decided, with its
         waiters woken only if ``publish`` (not from a read, which may run inside a long
-        poll's check). ``ServerUnavailable`` when the store cannot be read: it stays stale."""
-        after = After()
-        try:
-            with session.lock:
-                self.replicas.fresh_locked(session, after)
-        finally:
-            if publish:
-                self._finish(after)
-            else:
-                self._finish_read(after)
+        poll's check). ``ServerUnavailable`` when the store cannot be read: it stays stale.
+        A copy forgotten meanwhile is not the session any more: the one held now is read
+        again instead (``load``: read from the store if none is, when the refresh must act,
+        e.g. adopt a turn just taken over; else nothing is held, nothing to refresh)."""
+        for _ in range(STALE_RETRIES):
+            after = After()
+            try:
+                with session.lock:
+                    if not session.forgotten:
+                        self.replicas.fresh_locked(session, after)
+                        return
+            finally:
+                if publish:
+                    self._finish(after)
+                else:
+                    self._finish_read(after)
+            found = self._lookup(session.session_id) or (self._load(session.session_id) if load else None)
+            if found is None:
+                return
+            session = found
+            session.stale = True
+        raise ServerUnavailable(f"Session {session.session_id} kept moving in and out of memory; try again")
 
     # -- turns (request threads) ---------------------------------------------------------
 

@@ -379,12 +379,14 @@ class SharedReplicas(Replicas):
             return
         for session_id in claimed:
             log.info("taking over the turn of session %s from an instance whose lease lapsed", session_id)
-            session = self.machine._lookup(session_id) or self._load(session_id)
-            if session is None:
-                continue
-            session.stale = True
             try:
-                self.machine._refresh_now(session, publish=True)
+                session = self.machine._lookup(session_id) or self.machine._load(session_id)
+                if session is None:
+                    continue
+                session.stale = True
+                # ``load``: a copy forgotten before its lock is taken (it was another
+                # instance's turn until now) is read again, and the turn adopted on that one.
+                self.machine._refresh_now(session, publish=True, load=True)
             except ServerUnavailable as exc:
                 log.warning("session %s: %s", session_id, exc.detail)
 

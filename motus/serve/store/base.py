@@ -292,9 +292,9 @@ class DurableStore(Store):
         """How many sessions exist."""
 
     @abstractmethod
-    def interrupted_ids(self) -> list[str]:
-        """The sessions whose status is ``interrupted`` (an inbox reads their interrupts),
-        oldest write first."""
+    def pending_counts(self) -> tuple[int, int]:
+        """How many sessions are ``interrupted``, and how many interrupts they wait on (for
+        ``/health`` and the metrics, without reading each)."""
 
     @abstractmethod
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:

@@ -214,10 +214,14 @@ class PostgresStore(SharedStore):
         with self._conn() as conn:
             return int(conn.execute("SELECT count(*) FROM motus_sessions").fetchone()[0])
 
-    def interrupted_ids(self) -> list[str]:
+    def pending_counts(self) -> tuple[int, int]:
         with self._conn() as conn:
-            rows = conn.execute("SELECT session_id FROM motus_sessions WHERE status = 'interrupted' ORDER BY touched").fetchall()
-        return [session_id for (session_id,) in rows]
+            (sessions,) = conn.execute("SELECT count(*) FROM motus_sessions WHERE status = 'interrupted'").fetchone()
+            (interrupts,) = conn.execute(
+                "SELECT count(*) FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done"
+            ).fetchone()
+        return int(sessions), int(interrupts)
 
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
         with self._conn() as conn:

@@ -338,10 +338,15 @@ class SqliteStore(DurableStore):
         with self._lock:
             return int(self._db().execute("SELECT count(*) FROM sessions").fetchone()[0])
 
-    def interrupted_ids(self) -> list[str]:
+    def pending_counts(self) -> tuple[int, int]:
         with self._lock:
-            rows = self._db().execute("SELECT session_id FROM sessions WHERE status = 'interrupted' ORDER BY touched").fetchall()
-        return [session_id for (session_id,) in rows]
+            db = self._db()
+            (sessions,) = db.execute("SELECT count(*) FROM sessions WHERE status = 'interrupted'").fetchone()
+            (interrupts,) = db.execute(
+                "SELECT count(*) FROM journal j JOIN sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0"
+            ).fetchone()
+        return int(sessions), int(interrupts)
 
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
         with self._lock:

@@ -126,10 +126,11 @@ class Queries:
         return summaries
 
     def counts(self: Machine) -> dict[str, int]:
-        """This instance's live turns (each held in memory) and parked ones: those held, and
-        with one process, the interrupted sessions of the store not held (forgotten, parked)."""
-        live = parked = 0
-        held: set[str] = set()
+        """This instance's live turns (each held in memory) and parked ones. With one
+        process and a durable store, every interrupted session of the store is parked but
+        those waiting here with a process (a parked one may not be held); on a shared store,
+        the parked turns held here (another instance's are its own to count)."""
+        live = parked = waiting = 0
         for session in self._all():
             turn = session.turn
             state = turn.state if turn is not None else None
@@ -137,10 +138,11 @@ class Queries:
                 parked += 1
             elif state is not None and state not in (TurnState.ENDED, TurnState.ELSEWHERE):
                 live += 1
-            held.add(session.session_id)
+                waiting += state is TurnState.WAITING
         store = self.store
         if isinstance(store, DurableStore) and not isinstance(store, SharedStore):
-            parked += sum(1 for session_id in ask_store(store.interrupted_ids) if session_id not in held)
+            interrupted, _ = ask_store(store.pending_counts)
+            parked = max(0, interrupted - waiting)
         running = self.slots.in_use()
         return {"running_workers": running, "live_turns": live, "parked_turns": parked}
 
@@ -150,15 +152,19 @@ class Queries:
         pending = parked = 0
         store = self.store
         if isinstance(store, DurableStore):
-            # Another instance's turn (shared store) is counted pending, not parked: only
-            # its own instance knows whether it has a process.
-            shared = isinstance(store, SharedStore)
-            states = {s.session_id: s.turn.state for s in self._all() if s.turn is not None}
-            for session_id, _entry in ask_store(store.pending_interrupts):
-                pending += 1
-                state = states.get(session_id)
-                parked += state is TurnState.PARKED or (state is None and not shared)
-            return pending, parked
+            # Counted by the store; parked: with one process, all but those of turns waiting
+            # here with a process; on a shared store, those of parked turns held here
+            # (another instance's are counted pending, not parked: only it knows).
+            _, pending = ask_store(store.pending_counts)
+            held = {TurnState.WAITING: 0, TurnState.PARKED: 0}
+            for session in self._all():
+                with session.lock:
+                    turn = session.turn
+                    if turn is not None and turn.state in held:
+                        held[turn.state] += len(turn.pending())
+            if isinstance(store, SharedStore):
+                return pending, held[TurnState.PARKED]
+            return pending, max(0, pending - held[TurnState.WAITING])
         for session in self._all():
             with session.lock:
                 turn = session.turn

@@ -294,7 +294,7 @@ def test_the_queries_a_list_the_inbox_and_the_sweep_make_see_every_committed_wri
     """Lists, counts, the inbox and the TTL sweep read the store, not the server's memory
     (which holds only some sessions): each sees what a returned save or delete committed."""
     store = durable.open()
-    assert store.summaries() == [] and store.count() == 0 and store.interrupted_ids() == []
+    assert store.summaries() == [] and store.count() == 0 and store.pending_counts() == (0, 0)
     durable.save(store, session("idle-old", touched=1.0, state=[MESSAGE, REPLY]))
     durable.save(store, session("waiting", touched=2.0, turn=live_turn()), [PENDING])
     durable.save(store, session("failed", touched=3.0, status="error", error="boom"))
@@ -304,7 +304,7 @@ def test_the_queries_a_list_the_inbox_and_the_sweep_make_see_every_committed_wri
     assert store.count() == 4
     assert [s.session_id for s in store.summaries()] == ["idle-old", "waiting", "failed", "idle-new"]
     assert {s.session_id: s.total_messages for s in store.summaries()}["idle-old"] == 2
-    assert store.interrupted_ids() == ["waiting"]
+    assert store.pending_counts() == (1, 1)
     assert store.expired_ids(3.0) == ["idle-old", "failed"]  # a session waiting on a person never expires
     assert store.expired_ids(0.5) == []
     durable.delete(store, "idle-old")
@@ -326,6 +326,7 @@ def test_pending_interrupts_and_live_turns_are_read_from_the_rows(durable: Backe
     assert [(sid, entry.ref) for sid, entry in store.pending_interrupts()] == [
         ("asks", "int-1"), ("expires", "int-timed"), ("asks", "int-later")]
     assert store.pending_interrupts()[2] == ("asks", later)
+    assert store.pending_counts() == (2, 3)  # ANSWERED is not pending
     live = {turn.session_id: (turn.status, turn.timed) for turn in store.live_turns()}
     # live_turn() has a deadline: every turn made from it is timed; "runs" has none
     assert live == {"asks": ("interrupted", True), "expires": ("interrupted", True), "runs": ("running", False)}

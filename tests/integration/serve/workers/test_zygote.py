@@ -313,8 +313,21 @@ def test_repeated_zygote_deaths_leak_no_descriptor_in_the_server(start_server: S
             wait_until(lambda: own_fd_count(owner.pid) == len(before), timeout=20,
                        what=f"the server's descriptors back to {len(before)} (round {round_})")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; before: {before}; now: {sorted(own_fds(owner.pid))}") from None
+            raise AssertionError(f"{exc}; before: {before}; now: {sorted(own_fds(owner.pid))}; "
+                                 f"the server's unix sockets and their peers: {unix_peers(owner.pid)}") from None
     assert_no_500(server)
+
+
+def unix_peers(pid: int) -> str:
+    """``ss -xp``'s lines for the process ``pid``'s unix sockets (each with its peer's inode,
+    and the processes that hold that peer): what a descriptor left over is connected to."""
+    if shutil.which("ss") is None:
+        return "(ss is not installed)"
+    out = subprocess.run(["ss", "-xpa"], capture_output=True, text=True, timeout=10).stdout
+    mine = [line for line in out.splitlines() if f"pid={pid}," in line]
+    peers = {match for line in mine for match in re.findall(r"\* (\d+)", line)}
+    held = [line for line in out.splitlines() if any(f" {peer} " in line for peer in peers)]
+    return "; ".join(" ".join(line.split()) for line in mine + held)
 
 
 def test_zygote_killed_while_a_turn_waits_on_a_person(start_server: StartServer, sandbox: Path) -> None:

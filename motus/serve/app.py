@@ -475,6 +475,10 @@ def delete_session(session_id: str) -> Response:
 @api.post("/sessions/<session_id>/messages")
 def send_message(session_id: str) -> Response:
     message, webhook = _message_body()
+    if webhook is not None:
+        why = _server().webhooks.never_deliverable(webhook["url"])
+        if why is not None:  # refused now, not only in a log line at the end of the turn
+            raise BadRequest(f"Invalid request body: webhook.url: {why}")
     _server().send_message(session_id, message, webhook)
     return _json(
         MessageAccepted(session_id=session_id, status="running"), 202, {"Location": f"/sessions/{session_id}"}

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from motus.api.webhook_urls import check_token, check_url, redact
 from motus.serve.events import isoformat
 from motus.serve.metrics import NO_METRICS, Hooks
-from motus.serve.webhooks.policy import Allow
+from motus.serve.webhooks.policy import Allow, refusal
 from motus.serve.webhooks.transport import TIMEOUT_SECONDS, Cancel, DeliveryFailed, Refused, Resolver, attempt, describe
 
 if TYPE_CHECKING:
@@ -195,6 +195,17 @@ class WebhookSender:
         self._closing = False
         self._stop = False
         self.metrics: Hooks = NO_METRICS  # the server's metrics (see metrics.py)
+
+    def never_deliverable(self, url: str) -> str | None:
+        """Why a webhook to ``url`` (a URL the schema accepted) could never be delivered by
+        this server, or None: its host is a literal address the policy refuses (always, or
+        here, bound beyond loopback, and not allowed). A host name is judged at delivery, on
+        the addresses it then resolves to."""
+        parsed = check_url(url)
+        if parsed.ip is None:
+            return None
+        why = refusal(parsed.ip, exposed=self.exposed, allow=self.allow, host=parsed.host)
+        return None if why is None else f"{parsed.ip} is {why}: a webhook there could never be delivered"
 
     @staticmethod
     def _parse_allow(entries: list[str]) -> Allow:

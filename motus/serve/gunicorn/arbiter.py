@@ -68,7 +68,7 @@ def claim_single_worker() -> None:
         return
     # A lock inherited across a fork (gunicorn --preload claims in the arbiter) proves
     # nothing about this process: claim again, with a descriptor of our own.
-    path = os.path.join(_private_dir(), f"gunicorn-{os.getppid()}.lock")
+    path = claim_path(os.getppid())
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     handle = os.fdopen(fd, "a+")  # noqa: SIM115 - held for the life of the process
     try:
@@ -77,6 +77,42 @@ def claim_single_worker() -> None:
         handle.close()
         raise RuntimeError(f"Refusing to start a second gunicorn worker. {SINGLE_WORKER_MESSAGE}") from None
     _held_lock, _held_pid = handle, os.getpid()
+    _sweep_stale_claims(keep=path)
+
+
+def claim_path(arbiter_pid: int) -> str:
+    """The lock file the worker of arbiter ``arbiter_pid`` holds."""
+    return os.path.join(_private_dir(), f"gunicorn-{arbiter_pid}.lock")
+
+
+def remove_claim(arbiter_pid: int) -> None:
+    """The arbiter's exit, its worker gone: its lock file goes too (else every start left
+    one behind)."""
+    try:
+        os.unlink(claim_path(arbiter_pid))
+    except OSError:
+        pass  # never made (no worker booted), or swept already: nothing to remove
+
+
+def _sweep_stale_claims(keep: str) -> None:
+    """Remove the lock files no worker holds any more (servers killed without their
+    arbiter's exit): each is locked first, so one a live worker holds stays."""
+    folder = os.path.dirname(keep)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if not (name.startswith("gunicorn-") and name.endswith(".lock")) or path == keep:
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone meanwhile, or not ours to open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)  # nobody holds it: its worker is gone
+        except OSError:
+            continue  # held by a live worker (BlockingIOError), or gone meanwhile
+        finally:
+            os.close(fd)
 
 
 class MotusArbiter(ArbiterSeam):
@@ -91,6 +127,10 @@ class MotusArbiter(ArbiterSeam):
     given it a second ``graceful_timeout``). The SIGTERM is sent again every second of the
     wait (the worker acts on the first).
     """
+
+    def motus_halted(self) -> None:
+        """The arbiter exits, its worker stopped: its lock file goes with it."""
+        remove_claim(self.pid)
 
     def motus_stop(self, graceful: bool) -> bool:
         """Runs first on every stop; returns whether gunicorn's stop, which follows, is still

@@ -300,7 +300,8 @@ class ArbiterSeam(Arbiter):
 
     ``stop(graceful)`` is called by the arbiter's ``halt`` (SIGTERM, SIGINT, SIGQUIT); motus'
     ``motus_stop`` runs first and returns whether gunicorn's own stop, called after it, is still
-    to be graceful. The state read (checked 24.1.1-27.0.1): ``WORKERS`` (pid -> worker),
+    to be graceful. ``halt(reason, exit_status)`` ends in ``sys.exit``; motus'
+    ``motus_halted`` runs after it, as the exit unwinds. The state read (checked 24.1.1-27.0.1): ``WORKERS`` (pid -> worker),
     ``LISTENERS`` (the listening sockets), ``SIG_QUEUE`` (a ``queue.SimpleQueue`` of signals
     since 24.0; SIGCHLD is put there too), ``kill_workers``, ``reap_workers``, and
     ``dirty_arbiter_pid`` (25.0+; no dirty arbiter before, so 0).
@@ -309,8 +310,18 @@ class ArbiterSeam(Arbiter):
     def stop(self, graceful: bool = True) -> None:
         super().stop(self.motus_stop(graceful))
 
+    def halt(self, reason: str | None = None, exit_status: int = 0) -> None:
+        """gunicorn's ``halt`` (stop, hooks, ``sys.exit``), then ``motus_halted``."""
+        try:
+            super().halt(reason, exit_status)
+        finally:
+            self.motus_halted()
+
     def motus_stop(self, graceful: bool) -> bool:
         return graceful
+
+    def motus_halted(self) -> None:
+        """Runs last as the arbiter exits, its workers stopped."""
 
     def has_workers(self) -> bool:
         return bool(self.WORKERS)

@@ -302,3 +302,28 @@ def test_a_sigterm_right_after_the_worker_died_still_stops_the_server(start_serv
                 arbiter.resume()
             assert server.process.wait(20) == 0  # not stop(): a second SIGTERM could meet the arbiter's exit
         assert server.stop(timeout=20) == 0
+
+
+def test_a_stopped_server_leaves_no_lock_file_and_a_killed_ones_is_swept(start_server, tmp_path: Path) -> None:
+    """The worker's one-worker lock file (``gunicorn-<arbiter pid>.lock``) goes when its
+    arbiter exits; one left by a server killed with ``kill -9`` (nobody holds its lock) goes at
+    the next start, and one a live server holds stays."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    left = runtime / "gunicorn-999999999.lock"  # a killed server's
+    left.write_text("")
+    other = runtime / "notes.txt"  # not ours: never touched
+    other.write_text("keep")
+    first = start_server("tests.agents:echo", env=env)
+    mine = runtime / f"gunicorn-{first.process.pid}.lock"
+    wait_until(lambda: not left.exists(), what="the killed server's lock file to be swept")
+    assert mine.exists() and other.read_text() == "keep"
+    second = start_server("tests.agents:echo", env=env)
+    theirs = runtime / f"gunicorn-{second.process.pid}.lock"
+    wait_until(theirs.exists, what="the second server's lock file")
+    assert mine.exists()  # held by a live worker: the second server's sweep left it
+    assert first.stop() == 0
+    assert not mine.exists(), sorted(p.name for p in runtime.iterdir())
+    assert second.stop() == 0
+    assert sorted(p.name for p in runtime.iterdir()) == ["notes.txt"]

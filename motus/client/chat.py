@@ -307,8 +307,12 @@ class Chat:
                         with _ctrl_c_held_back():
                             self.client.resume(self._sid, item.interrupt_id, value)
                     except NotFound as exc:
-                        # Answered elsewhere, or the turn ended meanwhile: the next read shows it.
-                        log.info("resume of %s refused: %s", item.interrupt_id, exc.detail)
+                        # Answered elsewhere (the server says by whom and when), or the turn
+                        # ended meanwhile: the person is told their answer did not count; the
+                        # next read shows what did.
+                        self._spinner.stop()
+                        self.console.note(f"[info] your answer did not count: {visible(exc.detail)}")
+                        self._spinner.start()
                 session = self.client.get_session(self._sid)
             if asked == 0:
                 return session  # only interrupts left unanswered remain

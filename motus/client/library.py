@@ -333,8 +333,10 @@ class Client:
         repeated. Returns the session in ``idle`` or ``error``; or in ``interrupted`` when
         every interrupt still pending was skipped (the callback returned :data:`SKIP`).
 
-        A resume refused with 404 (the turn timed out or failed while the person was
-        answering) is not an error here: the next poll shows what happened to the turn.
+        A resume refused with 404 (someone else answered first, or the turn timed out or
+        failed while the person was answering) is not an error here: it is logged as a
+        warning naming why (who answered, and when), and the next poll shows what happened
+        to the turn.
 
         Raises:
             NotFound: the session does not exist or was deleted during the turn.
@@ -357,8 +359,10 @@ class Client:
                     self.resume(session_id, item.interrupt_id, value)
                 except NotFound as exc:
                     # Either the session is gone (the next poll raises NotFound) or the
-                    # interrupt stopped being pending (the next poll shows the turn's end).
-                    log.info("resume of %s refused: %s", item.interrupt_id, exc.detail)
+                    # interrupt stopped being pending: answered by someone else (the detail
+                    # says who and when) or the turn ended. The answer did not count: said
+                    # as a warning, which the logging module shows even unconfigured.
+                    log.warning("the answer to interrupt %s did not count: %s", item.interrupt_id, exc.detail)
 
     def run_turn(
         self,

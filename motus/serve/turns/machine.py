@@ -51,7 +51,7 @@ from motus.serve.store import AuditRecord, DurableStore, Event, SessionRecord, S
 from motus.serve.turns.replicas import Replicas, replicas_for
 from motus.serve.turns.slots import Slots
 from motus.serve.turns.state import (
-    ALREADY_RESUMED,
+    already_resumed,
     ANONYMOUS,
     CANCELLED,
     EXITED,
@@ -401,7 +401,7 @@ class Machine:
         self._save(session, session.record(status=status, touched=now, grants=grants, owner=owner), [answered], events, audit)
         turn.journal[answered.seq] = answered
         session.touched, session.grants, session.owner = now, grants, owner
-        session.retire(interrupt_id, EXPIRED if expired else ALREADY_RESUMED)
+        session.retire(interrupt_id, EXPIRED if expired else already_resumed(by, now))
         if take:
             self._adopt_locked(session, turn, after)
         self._deliver_locked(session, turn, Resume(interrupt_id=interrupt_id, value=value), last, after)

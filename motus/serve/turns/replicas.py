@@ -39,7 +39,7 @@ from motus.serve.events import ALL
 from motus.durable.journal import unpack
 from motus.durable.records import INTERRUPT, Resume
 from motus.serve.store import DurableStore, Event, SessionRecord, SharedStore, Store
-from motus.serve.turns.state import ALREADY_RESUMED, BY_TIMEOUT, EXPIRED, After, Session, TurnState, session_from
+from motus.serve.turns.state import ALREADY_RESUMED, BY_TIMEOUT, EXPIRED, After, Session, TurnState, already_resumed, session_from
 
 if TYPE_CHECKING:
     from motus.serve.turns.machine import Machine
@@ -308,7 +308,7 @@ class SharedReplicas(Replicas):
                     turn.journal[entry.seq] = entry  # type: ignore[union-attr]
                     answered.append(entry)
             for index, entry in enumerate(answered):
-                session.retire(entry.ref or "", ALREADY_RESUMED)
+                session.retire(entry.ref or "", already_resumed(entry.answered_by, entry.answered_at))
                 last = index == len(answered) - 1 and not turn.pending()  # type: ignore[union-attr]
                 try:
                     value = unpack(entry.value)
@@ -413,7 +413,7 @@ def _learn_from_audit(store: DurableStore, session: Session, interrupt_id: str) 
         return
     for record in records:
         if record.kind == "resolved" and record.data.get("interrupt_id") == interrupt_id:
-            session.retire(interrupt_id, EXPIRED if record.by == BY_TIMEOUT else ALREADY_RESUMED)
+            session.retire(interrupt_id, EXPIRED if record.by == BY_TIMEOUT else already_resumed(record.by, record.at))
 
 
 def replicas_for(store: Store, machine: Machine) -> Replicas:

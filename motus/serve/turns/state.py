@@ -48,6 +48,7 @@ from enum import Enum
 from typing import Any
 
 from motus.serve.errors import InvalidTransition
+from motus.serve.events import isoformat
 from motus.serve.pool import Handle
 from motus.durable.records import INTERRUPT, Interrupt, JournalEntry, Record, Resume
 from motus.serve.store import Event, SessionRecord, TurnRecord
@@ -77,6 +78,14 @@ ALREADY_RESUMED = "it was already resumed"
 EXPIRED = "it expired and was resolved with its default"
 #: Who acted on a server without API keys.
 ANONYMOUS = "anonymous"
+
+
+def already_resumed(by: str | None, at: float | None) -> str:
+    """``ALREADY_RESUMED``, naming who answered (a key's name) and when, where known: a
+    person whose answer came late is told whose counted."""
+    who = f" by {by}" if by and by != ANONYMOUS else ""
+    when = isoformat(at)
+    return f"{ALREADY_RESUMED}{who}" + (f" at {when}" if when else "")
 
 
 class SessionStatus(str, Enum):

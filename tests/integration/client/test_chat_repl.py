@@ -166,6 +166,29 @@ def test_approve_reject_with_reason_and_edit_arguments(server, terminal) -> None
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
+def test_an_answer_given_after_someone_else_answered_is_told_it_did_not_count(server, terminal) -> None:
+    """alice is at ``Approve? [y/N]`` while bob rejects over HTTP; alice's late ``y`` is
+    refused (404): the chat says her answer did not count, and that it was already resumed
+    and when, then shows the turn as bob's answer ended it."""
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send("approve")
+    chat.expect_literal("Approve? [y/N] ")
+    [interrupt_id] = pending_ids(server, session_id)
+    rejected = server.post(f"/sessions/{session_id}/resume", json={"interrupt_id": interrupt_id, "value": {"approved": False, "reason": "bob: no"}})
+    assert rejected.status_code == 200, rejected.text
+    chat.send("y")
+    late = chat.expect(r"\[info\] your answer did not count: [^\n]*it was already resumed at (\S+)\)?\s*\n")
+    assert late.group(1).startswith("20"), late.group(0)
+    chat.expect_literal(got({"approved": False, "reason": "bob: no"}))
+    chat.expect_literal("> ")
+    chat.send("/quit")
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert "Traceback" not in chat.text()
+
+
 def test_control_and_bidi_characters_from_the_agent_are_shown_escaped(spoof_server, terminal) -> None:
     chat = terminal(spoof_server.url, "go")
     chat.expect_literal("The agent wants to run: delete_file\\x1b[8m\n")

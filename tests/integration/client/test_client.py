@@ -200,6 +200,24 @@ def test_session_deleted_during_the_turn(client: Client, server: Server) -> None
     assert caught.value.status == 404
 
 
+def test_an_answer_someone_else_gave_first_is_warned_about_not_dropped(client: Client, server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    """The person's callback answers after another client did: the resume is refused (404),
+    ``run_turn`` logs a warning that the answer did not count, naming when the other answer
+    was given, and returns the turn as that answer ended it."""
+    session_id = client.create_session().session_id
+
+    def answered_elsewhere_first(item: InterruptInfo) -> object:
+        other = server.post(f"/sessions/{session_id}/resume", json={"interrupt_id": item.interrupt_id, "value": {"approved": False}})
+        assert other.status_code == 200, other.text
+        return {"approved": True}
+
+    with caplog.at_level("WARNING", logger="motus.client.library"):
+        reply = client.run_turn(session_id, "approve", answered_elsewhere_first)
+    assert reply.content == 'got {"approved": false}'
+    [warning] = [r for r in caplog.records if "did not count" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "it was already resumed at 20" in warning.getMessage(), warning.getMessage()
+
+
 def test_server_not_there_and_going_away(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with Client(url, timeout=5) as client:

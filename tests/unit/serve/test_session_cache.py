@@ -83,13 +83,21 @@ def test_a_forgotten_parked_turn_is_in_the_inbox_and_counts_and_resumes_by_repla
 def test_a_late_resume_of_a_forgotten_session_says_the_interrupt_was_answered(sqlite: Store, make_turns: MakeTurns) -> None:
     turns, pool = make_turns(store=sqlite, session_cache=1)
     sid = turns.create().session_id
-    handle = interrupted(turns, pool, sid, "a")
-    turns.resume(sid, "a", True)
+    handle = interrupted(turns, pool, sid, "a", "b")
+    turns.resume(sid, "a", True, by="bob")
+    with pytest.raises(InterruptNotPending) as while_held:
+        turns.resume(sid, "a", True, by="alice")
+    turns.resume(sid, "b", True, by="bob")
     turns.worker_message(handle, Result(response=REPLY, state=[MESSAGE, REPLY]))
+    with pytest.raises(InterruptNotPending) as after_the_turn:
+        turns.resume(sid, "a", True, by="alice")
     turns.create()  # sid is forgotten, and with it what it remembered of its answers
     assert sid not in held(turns)
-    with pytest.raises(InterruptNotPending, match="it was already resumed"):
-        turns.resume(sid, "a", True)
+    with pytest.raises(InterruptNotPending) as forgotten:
+        turns.resume(sid, "a", True, by="alice")
+    # The audit says who answered, and when, as the copy held did.
+    assert "it was already resumed by bob at " in while_held.value.detail
+    assert forgotten.value.detail == after_the_turn.value.detail
 
 
 def test_what_has_a_process_or_a_timer_is_never_forgotten(sqlite: Store, make_turns: MakeTurns, tmp_path: Path) -> None:

@@ -412,17 +412,18 @@ def test_a_parked_turn_ignores_its_killed_process_and_replays_in_a_new_one(make_
 
 
 def test_resume_404_details_say_why(make_turns: MakeTurns) -> None:
-    turns, pool = make_turns()
+    turns, pool = make_turns(clock=lambda: 1767225600.0)
     sid = turns.create().session_id
     with pytest.raises(InterruptNotPending) as idle:
         turns.resume(sid, "a", True)
     assert idle.value.status_code == 404 and idle.value.detail == NOT_WAITING
 
     handle = interrupted(turns, pool, sid, "a", "b")
-    turns.resume(sid, "a", True)
+    turns.resume(sid, "a", True, by="bob")
     with pytest.raises(InterruptNotPending) as again:
-        turns.resume(sid, "a", True)
-    assert again.value.detail == "Interrupt a is not pending: it was already resumed"
+        turns.resume(sid, "a", True, by="alice")
+    # A late answer is told whose answer counted, and when.
+    assert again.value.detail == "Interrupt a is not pending: it was already resumed by bob at 2026-01-01T00:00:00.000Z"
     with pytest.raises(InterruptNotPending) as unknown:
         turns.resume(sid, "zzz", True)
     assert unknown.value.detail == "Interrupt zzz not found among the session's pending interrupts"
@@ -433,7 +434,7 @@ def test_resume_404_details_say_why(make_turns: MakeTurns) -> None:
     turns.resume(sid, "b", True)
     with pytest.raises(InterruptNotPending) as running:
         turns.resume(sid, "b", True)
-    assert running.value.detail == f"{NOT_WAITING} (interrupt b: it was already resumed)"
+    assert running.value.detail == f"{NOT_WAITING} (interrupt b: it was already resumed at 2026-01-01T00:00:00.000Z)"  # no keys: nobody named
     with pytest.raises(InterruptNotPending) as never:
         turns.resume(sid, "zzz", True)
     assert never.value.detail == NOT_WAITING

@@ -420,7 +420,10 @@ def test_the_readme_proxy_setup_does_not_let_webhooks_into_loopback(behind_proxy
     try:
         session_id = behind_proxy.create_session()
         url = f"http://127.0.0.1:{receiver.getsockname()[1]}/internal/admin"
-        behind_proxy.send(session_id, "echo x", webhook={"url": url})
+        # The literal address is refused when posted; a name for it, at delivery.
+        literal = behind_proxy.post(f"/sessions/{session_id}/messages", json={"content": "echo x", "webhook": {"url": url}})
+        assert literal.status_code == 400 and "127.0.0.1 is a loopback address" in literal.json()["detail"], literal.text
+        behind_proxy.send(session_id, "echo x", webhook={"url": url.replace("127.0.0.1", "localhost")})
         try:
             conn, _ = receiver.accept()
         except socket.timeout:

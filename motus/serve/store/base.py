@@ -84,6 +84,48 @@ def turn_json(turn: TurnRecord | None) -> str | None:
                       "grants": list(turn.grants), "started_at": turn.started_at})
 
 
+#: A journal row's columns, as both schemas name them, in the order ``stored_entry`` reads them.
+JOURNAL_COLUMNS = (
+    "seq, kind, key, label, done, value, ref, payload, answered_at, answered_by, parent, created_at, expires_at, default_value"
+)
+#: The same, of a journal aliased ``j`` in a join.
+JOURNAL_COLUMNS_OF_J = ", ".join("j." + column.strip() for column in JOURNAL_COLUMNS.split(","))
+
+
+def stored_entry(row: Sequence[Any]) -> JournalEntry:
+    """A journal entry read back (``JOURNAL_COLUMNS``; a driver may give blobs as views)."""
+    return JournalEntry(
+        seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=_blob(row[5]), ref=row[6],
+        payload=load_json(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
+        expires_at=row[12], default=_blob(row[13]),
+    )
+
+
+def _blob(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def stored_session(
+    columns: Sequence[Any], journal: list[JournalEntry], history: Sequence[str], version: int = 0, owner: str | None = None
+) -> SessionRecord:
+    """A session read back: ``columns`` are its row's session_id, status, response, error,
+    turn_id, touched, turn and grants as stored; ``history`` its messages' JSON, in order."""
+    session_id, status, response, error, turn_id, touched, turn, grants = columns
+    return SessionRecord(
+        session_id=session_id,
+        status=status,
+        state=[load_json(body) for body in history],
+        response=load_json(response),
+        error=error,
+        turn_id=turn_id,
+        touched=touched,
+        turn=turn_from_json(turn_id, turn, journal),
+        grants=load_json(grants) or {},
+        version=version,
+        owner=owner,
+    )
+
+
 def has_deadline(text: str | None) -> bool:
     """Whether a live turn's column gives it a deadline."""
     live = load_json(text)
@@ -337,10 +379,6 @@ class SharedStore(DurableStore):
     @abstractmethod
     def version_of(self, session_id: str) -> int | None:
         """The stored row's version, or None if the session does not exist."""
-
-    @abstractmethod
-    def versions(self) -> dict[str, int]:
-        """Every session's row version."""
 
     @abstractmethod
     def listen(self, on_change: Callable[[str, int, bool], None], on_reconnect: Callable[[], None]) -> None:

@@ -45,6 +45,8 @@ from urllib.parse import urlsplit
 from motus.serve.protocol import JournalEntry
 from motus.serve.store.base import (
     EVENTS_KEPT,
+    JOURNAL_COLUMNS,
+    JOURNAL_COLUMNS_OF_J,
     RECENT_EVENTS,
     AuditRecord,
     Event,
@@ -58,7 +60,8 @@ from motus.serve.store.base import (
     dump_json,
     has_deadline,
     load_json,
-    turn_from_json,
+    stored_entry,
+    stored_session,
     turn_json,
 )
 from motus.serve.store.postgres_schema import create_schema
@@ -90,9 +93,6 @@ CONNECTION_SETTINGS: dict[str, Any] = {
 }
 
 _SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner"
-_JOURNAL_COLUMNS = (
-    "seq, kind, key, label, done, value, ref, payload, answered_at, answered_by, parent, created_at, expires_at, default_value"
-)
 
 
 def where(url: str) -> str:
@@ -174,11 +174,11 @@ class PostgresStore(SharedStore):
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             journals: dict[str, list[JournalEntry]] = {}
             for row in conn.execute(
-                "SELECT j.session_id, " + ", ".join("j." + c.strip() for c in _JOURNAL_COLUMNS.split(",")) +
+                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
                 " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
                 "ORDER BY j.session_id, j.seq"
             ):
-                journals.setdefault(row[0], []).append(_entry(row[1:]))
+                journals.setdefault(row[0], []).append(stored_entry(row[1:]))
             histories: dict[str, list[str]] = {}
             for session_id, body in conn.execute("SELECT session_id, body FROM motus_messages ORDER BY session_id, seq"):
                 histories.setdefault(session_id, []).append(body)
@@ -194,13 +194,13 @@ class PostgresStore(SharedStore):
                 if row is None:
                     return None
                 entries = conn.execute(
-                    f"SELECT {_JOURNAL_COLUMNS} FROM motus_journal WHERE session_id = %s AND turn_id = %s ORDER BY seq",
+                    f"SELECT {JOURNAL_COLUMNS} FROM motus_journal WHERE session_id = %s AND turn_id = %s ORDER BY seq",
                     (session_id, row[5]),
                 ).fetchall()
                 history = conn.execute(
                     "SELECT body FROM motus_messages WHERE session_id = %s ORDER BY seq", (session_id,)
                 ).fetchall()
-        return _session(row, [_entry(e) for e in entries], [body for (body,) in history])
+        return _session(row, [stored_entry(e) for e in entries], [body for (body,) in history])
 
     def summaries(self) -> list[SessionSummary]:
         with self._conn() as conn:
@@ -226,11 +226,11 @@ class PostgresStore(SharedStore):
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT j.session_id, " + ", ".join("j." + c.strip() for c in _JOURNAL_COLUMNS.split(",")) +
+                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
                 " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
                 "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done ORDER BY coalesce(j.created_at, 0), j.ref"
             ).fetchall()
-        return [(row[0], _entry(row[1:])) for row in rows]
+        return [(row[0], stored_entry(row[1:])) for row in rows]
 
     def live_turns(self) -> list[LiveTurn]:
         with self._conn() as conn:
@@ -252,10 +252,6 @@ class PostgresStore(SharedStore):
         with self._conn() as conn:
             row = conn.execute("SELECT version FROM motus_sessions WHERE session_id = %s", (session_id,)).fetchone()
         return None if row is None else int(row[0])
-
-    def versions(self) -> dict[str, int]:
-        with self._conn() as conn:
-            return {row[0]: int(row[1]) for row in conn.execute("SELECT session_id, version FROM motus_sessions")}
 
     # -- writing ---------------------------------------------------------------------
 
@@ -362,7 +358,7 @@ class PostgresStore(SharedStore):
             return
         with conn.cursor() as cur:
             cur.executemany(
-                f"INSERT INTO motus_journal (session_id, turn_id, {_JOURNAL_COLUMNS}) "
+                f"INSERT INTO motus_journal (session_id, turn_id, {JOURNAL_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (session_id, turn_id, seq) DO UPDATE SET kind = EXCLUDED.kind, key = EXCLUDED.key, "
                 "label = EXCLUDED.label, done = EXCLUDED.done, value = EXCLUDED.value, ref = EXCLUDED.ref, "
@@ -634,33 +630,10 @@ def _note(payload: str, changed: dict[str, int]) -> int:
     return int(seq or 0)
 
 
-def _entry(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(
-        seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=_bytes(row[5]), ref=row[6],
-        payload=load_json(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
-        expires_at=row[12], default=_bytes(row[13]),
-    )
-
-
-def _bytes(value: Any) -> bytes | None:
-    return None if value is None else bytes(value)
-
-
 def _session(row: Sequence[Any], journal: list[JournalEntry], history: list[str]) -> SessionRecord:
-    session_id, status, _state, response, error, turn_id, touched, turn, grants, version, owner = row
-    return SessionRecord(
-        session_id=session_id,
-        status=status,
-        state=[load_json(body) for body in history],
-        response=load_json(response),
-        error=error,
-        turn_id=turn_id,
-        touched=touched,
-        turn=turn_from_json(turn_id, turn, journal),
-        grants=load_json(grants) or {},
-        version=version,
-        owner=owner,
-    )
+    """A ``motus_sessions`` row (``_SESSION_COLUMNS``; its ``state`` column is unused since
+    version 3) with its journal and history."""
+    return stored_session((row[0], row[1], *row[3:9]), journal, history, version=row[9], owner=row[10])
 
 
 def _event(row: Sequence[Any]) -> Event:

@@ -36,12 +36,13 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from motus.durable.records import JournalEntry
 from motus.serve.store.group_commit import GroupCommitter
 from motus.serve.store.base import (
     EVENTS_KEPT,
+    JOURNAL_COLUMNS,
+    JOURNAL_COLUMNS_OF_J,
     RECENT_EVENTS,
     RecentEvents,
     SCHEMA_VERSION,
@@ -55,7 +56,8 @@ from motus.serve.store.base import (
     dump_json,
     has_deadline,
     load_json,
-    turn_from_json,
+    stored_entry,
+    stored_session,
     turn_json,
 )
 
@@ -303,16 +305,16 @@ class SqliteStore(DurableStore):
             db = self._db()
             journals: dict[str, list[JournalEntry]] = {}
             for row in db.execute(
-                f"SELECT j.session_id, {_JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
+                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id ORDER BY j.session_id, j.seq"
             ):
-                journals.setdefault(row[0], []).append(_entry(row[1:]))
+                journals.setdefault(row[0], []).append(stored_entry(row[1:]))
             histories: dict[str, list[str]] = {}
             for session_id, body in db.execute("SELECT session_id, body FROM messages ORDER BY session_id, seq"):
                 histories.setdefault(session_id, []).append(body)
             rows = db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY touched").fetchall()
         for row in rows:
-            yield _session(row, journals.get(row[0], []), histories.get(row[0], ()))
+            yield stored_session(row, journals.get(row[0], []), histories.get(row[0], ()))
 
     def load_one(self, session_id: str) -> SessionRecord | None:
         with self._lock:  # one connection, its reads under the lock: the row and its journal agree
@@ -321,10 +323,10 @@ class SqliteStore(DurableStore):
             if row is None:
                 return None
             entries = db.execute(
-                f"SELECT {_JOURNAL_COLUMNS} FROM journal WHERE session_id = ? AND turn_id = ? ORDER BY seq", (session_id, row[4])
+                f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE session_id = ? AND turn_id = ? ORDER BY seq", (session_id, row[4])
             ).fetchall()
             history = db.execute("SELECT body FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-        return _session(row, [_entry(e) for e in entries], [body for (body,) in history])
+        return stored_session(row, [stored_entry(e) for e in entries], [body for (body,) in history])
 
     def summaries(self) -> list[SessionSummary]:
         with self._lock:
@@ -351,11 +353,11 @@ class SqliteStore(DurableStore):
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
         with self._lock:
             rows = self._db().execute(
-                f"SELECT j.session_id, {_JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
+                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
                 "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0 ORDER BY coalesce(j.created_at, 0), j.ref"
             ).fetchall()
-        return [(row[0], _entry(row[1:])) for row in rows]
+        return [(row[0], stored_entry(row[1:])) for row in rows]
 
     def live_turns(self) -> list[LiveTurn]:
         with self._lock:
@@ -515,35 +517,6 @@ class SqliteStore(DurableStore):
 
 
 _SESSION_COLUMNS = "session_id, status, response, error, turn_id, touched, turn, grants"
-_JOURNAL_COLUMNS = (
-    "seq, kind, key, label, done, value, ref, payload, answered_at, answered_by, parent, created_at, expires_at, default_value"
-)
-_JOURNAL_COLUMNS_OF_J = ", ".join("j." + column.strip() for column in _JOURNAL_COLUMNS.split(","))
-
-
-def _entry(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(
-        seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=row[5], ref=row[6],
-        payload=load_json(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
-        expires_at=row[12], default=row[13],
-    )
-
-
-def _session(row: Sequence[Any], journal: list[JournalEntry], history: Sequence[str]) -> SessionRecord:
-    session_id, status, response, error, turn_id, touched, turn, grants = row
-    return SessionRecord(
-        session_id=session_id,
-        status=status,
-        state=[load_json(body) for body in history],
-        response=load_json(response),
-        error=error,
-        turn_id=turn_id,
-        touched=touched,
-        turn=turn_from_json(turn_id, turn, journal),
-        grants=load_json(grants) or {},
-    )
-
-
 def _put_messages(db: sqlite3.Connection, session_id: str, first: int, messages: Sequence[object]) -> None:
     # A generator, not a list: each row's JSON is made as it is written, so a long history
     # is never held twice more (as row tuples and as JSON strings) while it is written.

@@ -182,20 +182,7 @@ class Machine:
 
     def _read(self, session_id: str, read: Callable[[Session], T]) -> T:
         """``read(session)`` under its lock, on an up-to-date copy; 404 for one deleted."""
-        for _ in range(STALE_RETRIES):
-            session = self._session(session_id)
-            after = After()
-            try:
-                with session.lock:
-                    if session.forgotten:
-                        continue  # dropped from memory meanwhile: the registry or the store has it
-                    self.replicas.fresh_locked(session, after, verify=True)
-                    if session.deleted:
-                        raise SessionNotFound(session_id)
-                    return read(session)
-            finally:
-                self._finish_read(after)
-        raise ServerUnavailable(f"Session {session_id} kept moving in and out of memory; try again")
+        return self._locked(session_id, lambda session, _after: read(session), self._finish_read)
 
     def _hold(self, session: Session, adopt: bool) -> Session:
         """Hold a session read from the store in memory, unless another thread did first
@@ -256,24 +243,34 @@ class Machine:
         shared store a write refused because another instance changed the row first is
         tried again on the row as it now is (where the change may be refused for good: an
         interrupt answered meanwhile is a 404)."""
+        return self._locked(session_id, change, self._finish)
+
+    def _locked(self, session_id: str, use: Callable[[Session, After], T], finish: Callable[[After], None]) -> T:
+        """``use(session, after)`` under the session's lock on an up-to-date copy (404 for
+        one deleted), then ``finish(after)``. Tried again on the session as it now is when
+        the copy locked was forgotten meanwhile (the registry or the store has it), or when
+        a shared store refused a write because another instance changed the row first."""
+        why = "kept changing on other instances"
         for _ in range(STALE_RETRIES):
             session = self._session(session_id)
             after = After()
             try:
                 with session.lock:
                     if session.forgotten:
-                        continue  # dropped from memory meanwhile: the registry or the store has it
+                        why = "kept moving in and out of memory"
+                        continue
                     self.replicas.fresh_locked(session, after, verify=True)
                     if session.deleted:
                         raise SessionNotFound(session_id)
-                    result = change(session, after)
+                    result = use(session, after)
             except StaleSession:
                 session.stale = True
+                why = "kept changing on other instances"
                 continue
             finally:
-                self._finish(after)
+                finish(after)
             return result
-        raise ServerUnavailable(f"Session {session_id} kept changing on other instances; try again")
+        raise ServerUnavailable(f"Session {session_id} {why}; try again")
 
     def _refresh_now(self, session: Session, publish: bool, load: bool = False) -> None:
         """Read a stale session again under its lock, then do what that decided, with its

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 import sys
 from typing import Any
 
@@ -18,26 +17,15 @@ import pytest
 
 from motus.durable.records import Interrupt, Result
 from motus.serve.errors import InterruptNotPending, SessionNotFound
-from motus.serve.store import Store, store_from_url
+from motus.serve.store import Store
 from motus.serve.turns import SessionStatus
 from motus.serve.turns import TurnState
 from tests.conftest import wait_until
+from tests.unit.serve.test_session_cache import held, sqlite  # noqa: F401  (a fixture)
 from tests.unit.serve.test_turns import APPROVAL, MESSAGE, REPLY, MakeTurns, interrupted, make_turns, state_of  # noqa: F401
 
 DEADLINE = 10.0
 RUNNING = SessionStatus.RUNNING
-
-
-@pytest.fixture
-def sqlite(tmp_path: Path) -> Iterator[Store]:
-    store = store_from_url(f"sqlite:///{tmp_path}/sessions.sqlite3")
-    store.open()
-    yield store
-    store.close()
-
-
-def held(turns: object) -> list[str]:
-    return list(turns._sessions)  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 class Gate:
@@ -101,6 +89,14 @@ def raced(turns: Any, sqlite: Store, sid: str, where: str, change: Callable[[], 
     return out.get("value")
 
 
+def a_turn_then_forgotten(turns: Any, pool: Any, sid: str) -> None:
+    """A whole turn on ``sid``, then another session created: with a cache of one, ``sid``
+    is forgotten again."""
+    turns.start_turn(sid, MESSAGE)
+    turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
+    turns.create()
+
+
 def test_a_delete_racing_a_read_of_the_session_deletes_it_for_good(sqlite: Store, make_turns: MakeTurns) -> None:
     turns, pool = make_turns(store=sqlite, session_cache=1)
     sid = turns.create(state=[MESSAGE, REPLY]).session_id
@@ -119,13 +115,7 @@ def test_a_turn_racing_a_read_of_the_session_keeps_its_history(sqlite: Store, ma
     turns, pool = make_turns(store=sqlite, session_cache=1)
     sid = turns.create().session_id
     turns.create()
-
-    def a_turn_then_forgotten() -> None:
-        turns.start_turn(sid, MESSAGE)
-        turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
-        turns.create()  # sid is forgotten again
-
-    raced(turns, sqlite, sid, "after", a_turn_then_forgotten)
+    raced(turns, sqlite, sid, "after", lambda: a_turn_then_forgotten(turns, pool, sid))
     assert turns.messages(sid) == [MESSAGE, REPLY], "the copy read before the turn replaced the store's"
 
 
@@ -133,13 +123,7 @@ def test_a_turn_started_while_the_session_is_read_runs_once(sqlite: Store, make_
     turns, pool = make_turns(store=sqlite, session_cache=1)
     sid = turns.create().session_id
     turns.create()
-
-    def a_turn_then_forgotten() -> None:
-        turns.start_turn(sid, MESSAGE)
-        turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
-        turns.create()
-
-    raced(turns, sqlite, sid, "before", a_turn_then_forgotten)
+    raced(turns, sqlite, sid, "before", lambda: a_turn_then_forgotten(turns, pool, sid))
     launched = [h for h in pool.launched if h.session_id == sid]
     assert len(launched) == 1, f"the finished turn was launched again ({len(launched)} launches)"
     assert turns.get(sid).status is SessionStatus.IDLE

@@ -84,6 +84,11 @@ class ZygoteError(RuntimeError):
     """The zygote could not be started, or could not start a child."""
 
 
+class ZygoteKilled(ZygoteError):
+    """A fresh zygote was killed by a signal before it was ready (someone killed it, or its
+    whole group): not a fault of the agent's, so a start may try a fresh one once more."""
+
+
 class Child:
     """One worker process started by the zygote, known by its pidfd.
 
@@ -187,9 +192,16 @@ class Zygote:
 
         A zygote that had been running and is found dead now (killed, or its agent killed
         it) made no child for this request: a new zygote is started and asked once more, so
-        the turn waiting for a process does not fail for it."""
+        the turn waiting for a process does not fail for it. So is one killed by a signal
+        while it was starting (``ZygoteKilled``); one that exits on its own (the agent does
+        not import) fails the start at once."""
         for attempt in (1, 2):
-            ctl, proc, fresh = self._running()
+            try:
+                ctl, proc, fresh = self._running()
+            except ZygoteKilled:
+                if attempt == 1 and not self._closing():
+                    continue  # killed while it started: a fresh one is asked instead
+                raise
             error: OSError | None = None
             try:
                 ctl.settimeout(FORK_TIMEOUT_SECONDS)
@@ -318,7 +330,8 @@ class Zygote:
         if ready != b"ready":
             self._discard()
             code = proc.poll()
-            raise ZygoteError(f"the worker zygote exited during start-up (exit code {code})")
+            error = ZygoteKilled if code is not None and code < 0 else ZygoteError
+            raise error(f"the worker zygote exited during start-up (exit code {code})")
         return proc
 
     def _discard(self, timeout: float = 1.0) -> None:

@@ -14,6 +14,8 @@ request.
   gunicorn's own access log stays off, so there is one line per request. A request the
   worker refuses before the application sees it (a head or body past a limit, a client too
   slow to send it) has no line of its own: those are counted in gunicorn's periodic warning.
+- A held long poll answered with a copy of an alike request's answer (see
+  ``motus.serve.gunicorn.worker``) has its own line, request id and count, marked ``alike``.
 - Never logged: headers (so no API key), query strings (where a client might put a token),
   bodies (messages, resume values, webhook tokens).
 """
@@ -26,8 +28,11 @@ import logging
 import os
 import re
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+
+from motus.serve import waiting
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
@@ -151,6 +156,41 @@ def gunicorn_logger_class(log_format: str) -> Any:
 # -- the request log ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Answered:
+    """What the request log says of an answer, but its request id and duration: kept on a
+    waiting request's ticket, so that a copy of the answer sent to an alike request (see
+    ``motus.serve.gunicorn.worker``) is counted and logged as its own request."""
+
+    method: str  # printable
+    endpoint: str | None
+    status: int
+    path: str  # printable
+    session_id: str | None  # printable
+    streamed: bool = False
+
+
+def log_answer(app: Any, answered: Answered, request_id: str, duration_ms: float | None, alike: bool = False) -> None:
+    """Count one answer in the metrics and write its access log line (``alike``: a copy of
+    another request's answer, served without running the view)."""
+    metrics = getattr(app.extensions.get("motus"), "metrics", None)
+    if metrics is not None:
+        metrics.request(answered.method, answered.endpoint, answered.status)
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    line: dict[str, Any] = {"request_id": request_id, "session_id": answered.session_id, "method": answered.method,
+                            "path": answered.path, "status": answered.status, "duration_ms": duration_ms}
+    if answered.streamed:
+        line["streamed"] = True
+    if alike:
+        line["alike"] = True
+    session = f" session_id={answered.session_id}" if answered.session_id else ""
+    access_log.info(
+        "%s %s %s %.1f ms request_id=%s%s%s", answered.method, answered.path, answered.status, duration_ms or 0.0,
+        request_id, session, " (a copy of an alike request's answer)" if alike else "", extra={"motus_request": line},
+    )
+
+
 def install_request_log(app: Any) -> None:
     """Log every request ``app`` answers (see the module docstring). Installed before any
     other ``before_request``, so a refused request is logged too."""
@@ -177,20 +217,12 @@ def install_request_log(app: Any) -> None:
             location = response.headers.get("Location") or ""
             if location.startswith("/sessions/"):
                 fields["session_id"] = printable(location[len("/sessions/"):], 128)
-        method = request.method
-        metrics = getattr(app.extensions.get("motus"), "metrics", None)
-        if metrics is not None:
-            metrics.request(method, request.endpoint, status)
-        if access_log.isEnabledFor(logging.INFO):
-            path = printable(request.path)
-            line = dict(fields, method=printable(method, 16), path=path, status=status, duration_ms=duration_ms)
-            if response.is_streamed:
-                line["streamed"] = True
-            session = f" session_id={fields['session_id']}" if fields["session_id"] else ""
-            access_log.info(
-                "%s %s %s %.1f ms request_id=%s%s", line["method"], path, status, duration_ms or 0.0,
-                fields["request_id"], session, extra={"motus_request": line},
-            )
+        answered = Answered(printable(request.method, 16), request.endpoint, status, printable(request.path),
+                            fields["session_id"], response.is_streamed)
+        ticket = waiting.current()
+        if ticket is not None:
+            ticket.answered = answered  # for the alike requests the worker answers with a copy
+        log_answer(app, answered, fields["request_id"], duration_ms)
         return response
 
     def teardown(_exc: BaseException | None) -> None:

@@ -56,7 +56,8 @@ class Ticket:
     the request's runs after; ``stream`` is the body of a parked event stream (None for a long
     poll). ``watch`` is where the ticket is registered while parked (owned by ``Events``)."""
 
-    __slots__ = ("on_wake", "may_hold", "deadline", "thread_until", "stream", "watch", "events", "_armed", "_lock", "__weakref__")
+    __slots__ = ("on_wake", "may_hold", "deadline", "thread_until", "stream", "watch", "events", "answered", "_armed", "_lock",
+                 "__weakref__")
 
     def __init__(self, on_wake: Callable[["Ticket"], None], may_hold: Callable[[], bool]) -> None:
         self.on_wake = on_wake
@@ -68,6 +69,10 @@ class Ticket:
         self.stream: Any = None
         self.watch: Any = None
         self.events: Any = None
+        #: What the request log said of the answer once the request was answered
+        #: (``motus.serve.logs.Answered``): the worker counts and logs a copy of it for each
+        #: alike request it answers with the same bytes.
+        self.answered: Any = None
         self._armed = False
         self._lock = threading.Lock()
 

@@ -76,6 +76,10 @@ class Answer:
         self.held = 0  # bytes in parts, counted in the worker's total
         self.direct = not _DONTWAIT  # writing with blocking calls (keeps nothing)
         self.failed = False  # cut off mid-answer: nothing more may be sent
+        #: When set, every byte the thread writes is also added here (the whole answer, as
+        #: the application wrote it, whatever the socket took): for the alike requests the
+        #: worker answers with a copy.
+        self.copy: bytearray | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -89,6 +93,8 @@ class Answer:
             data = bytes(data)
         if not data:
             return
+        if self.copy is not None:
+            self.copy += data
         try:
             self._sendall(data)
         except OSError:
@@ -191,6 +197,15 @@ class Answer:
         return True
 
     # -- the main loop ----------------------------------------------------------------------
+
+    def keep(self, data: bytes) -> bool:
+        """Hold ``data`` for the main loop to send (``flush``), counted in the worker's total;
+        False, holding nothing, if the total cannot take it."""
+        if len(data) > MAX_HELD_ANSWER or not self._worker.hold_bytes(len(data)):
+            return False
+        self.parts.append(data)
+        self.held += len(data)
+        return True
 
     def deadline(self) -> float:
         return time.monotonic() + self._worker.read_timeout + self.held / ANSWER_MIN_RATE

@@ -20,6 +20,12 @@ Guarantees (see ``MotusWorker`` for how):
   woken or their deadline passes, then a thread serves the long poll again, or resumes the
   stream, on the same connection. A held client that hangs up is forgotten at once; a held
   stream's keepalive comment is sent by the main loop.
+- Held long polls woken by one publish whose requests are the same bytes (headers, key and
+  query included) are served once: the first on a thread, the others with a copy of its
+  answer, each with its own request id (or the client's, echoed), counted and logged as a
+  request of its own (``_answer_alike``). Safe because a GET changes nothing and every view's
+  answer depends only on the request's bytes and the server's state (none reads the peer's
+  address); if the first waits again, each of the others is served again on its own.
 - On SIGTERM the long polls are released at once (``begin_shutdown`` on a fresh thread); a
   SIGQUIT/SIGINT during the server's shutdown hurries it instead of raising into it.
 
@@ -42,6 +48,7 @@ import socket
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
@@ -54,6 +61,7 @@ from motus.serve.gunicorn.framing import (
     status_answer,
     timeout_detail,
 )
+from motus.serve.logs import REQUEST_ID_HEADER, log_answer
 from motus.serve.processes import fork_zygote_early
 from motus.serve.waiting import Parked, Ticket, serving
 from motus.serve.gunicorn.private import (
@@ -109,6 +117,26 @@ def _chunked(request: bytes | bytearray) -> bool:
     """Whether gunicorn chunks a streamed answer to this request: from HTTP/1.1 on."""
     line_end = request.find(b"\r\n")
     return not bytes(request[:line_end if line_end >= 0 else len(request)]).rstrip().endswith(b"HTTP/1.0")
+
+
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_REQUEST_ID_FIELD = b"\r\n" + REQUEST_ID_HEADER.lower().encode() + b":"
+
+
+def _request_id_in(answer: bytes | bytearray) -> tuple[bytes | None, int]:
+    """The request id an answer's head carries, and where its value starts (None, -1 if
+    it has none)."""
+    head_end = answer.find(b"\r\n\r\n")
+    head = bytes(answer[:head_end if head_end >= 0 else len(answer)]).lower()
+    at = head.find(_REQUEST_ID_FIELD)
+    if at < 0:
+        return None, -1
+    start = at + len(_REQUEST_ID_FIELD)
+    while start < len(head) and head[start] in b" \t":
+        start += 1
+    end = head.find(b"\r\n", start)
+    end = len(head) if end < 0 else end
+    return bytes(answer[start:end]).rstrip(b" \t"), start
 
 
 def server_of(worker: Any) -> Any:
@@ -381,6 +409,11 @@ class MotusWorker(WorkerSeam):
         except Exception:  # handle() catches everything; a bug must still close the connection
             self.log.exception("Error serving a request")
             result = False
+        alike = getattr(conn, "motus_alike", None)
+        if alike:
+            conn.motus_alike = None
+            answered, conn.motus_answered = getattr(conn, "motus_answered", None), None
+            self._answer_alike(alike, answer, result, answered)
         try:
             if answer.failed:
                 raise BrokenPipeError
@@ -483,16 +516,88 @@ class MotusWorker(WorkerSeam):
             self.call_in_main_loop(self._run_woken)
 
     def _run_woken(self) -> None:
+        """Resume the requests woken since the last pass. Held long polls woken together
+        whose requests are the same bytes (one inbox query by many approvers, one session
+        watched from several tabs) are served once: the first runs on a thread, and the
+        others get a copy of its answer (``_answer_alike``). They were woken by the same
+        publish and would each have read the same state; serving each on a thread in turn,
+        about a millisecond apiece under the GIL, made the last of 5,000 wait seconds."""
         with self._woken_lock:
             woken = list(self._woken)
             self._woken.clear()
+        alike: dict[bytes, list[Any]] = {}
         for conn, ticket in woken:
             if getattr(conn, "motus_ticket", None) is not ticket:
                 continue  # that request is over
-            if conn in self._held:
-                self._resume(conn)
-            else:
+            if conn not in self._held:
                 conn.motus_woken = True  # woken before its thread handed it over: resumed then
+            elif ticket.stream is None and self.alive:
+                alike.setdefault(bytes(conn.motus_rerun), []).append(conn)
+            else:
+                self._resume(conn)
+        for first, *others in alike.values():
+            for conn in others:
+                self._set_aside(conn)
+            first.motus_alike = others or None
+            self._resume(first)
+
+    def _set_aside(self, conn: Any) -> None:
+        """A woken long poll that waits for the answer of an alike one (its ``motus_alike``):
+        in no table of the main loop until that answer is known, a few milliseconds."""
+        del self._held[conn]
+        self.unwatch(conn)
+        conn.motus_woken = False
+        self._count_held_poll(-1)
+
+    def _answer_alike(self, alike: list[Any], answer: Answer, result: Any, answered: Any) -> None:
+        """Main loop, once the thread serving the first of alike long polls is done: send
+        each of the others a copy of its answer, with a request id of its own, counted and
+        logged as its own request. If that answer is not a whole one to copy (the request
+        waits again, or its client was gone mid-answer), each is served again on its own."""
+        copy, answer.copy = answer.copy, None
+        if result is PARKED or not result or answer.failed or answered is None or not copy:
+            for conn in alike:
+                self._rerun(conn)
+            return
+        request_id, at = _request_id_in(copy)
+        app = self.wsgi
+        done: Future[Any] = Future()
+        done.set_result(result)
+        for conn in alike:
+            data = conn.motus_rerun
+            conn.motus_rerun = None
+            ticket, conn.motus_ticket = conn.motus_ticket, None
+            ticket.cancel()
+            own = request_id
+            if request_id is not None and request_id not in data:
+                own = os.urandom(len(request_id) // 2).hex().encode()  # the server chose the first one's
+            body = copy if own == request_id else copy[:at] + own + copy[at + len(request_id):]  # type: ignore[operator]
+            log_answer(app, answered, own.decode() if own else "", None, alike=True)
+            try:
+                sent = socket_of(conn).send(body, _DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.close_connection(conn)  # the client is gone
+                continue
+            if sent == len(body):
+                self._after_answer(conn, done, result)  # the common case: the socket took it all
+                continue
+            rest = Answer(socket_of(conn), self)
+            if not rest.keep(bytes(body[sent:])):
+                self.tally("unread")
+                self.close_connection(conn)
+                continue
+            conn.motus_answer = rest
+            self.motus_finish(conn, done)
+
+    def _rerun(self, conn: Any) -> None:
+        """Serve a long poll that is in no table of the main loop again, from the start."""
+        data = conn.motus_rerun
+        conn.motus_rerun = None
+        self.add_buffered(len(data))
+        conn.motus_request = data
+        self.gunicorn_enqueue(conn)
 
     def _hold(self, conn: Any) -> None:
         ticket: Ticket = conn.motus_ticket
@@ -546,13 +651,10 @@ class MotusWorker(WorkerSeam):
         ticket: Ticket = conn.motus_ticket
         if ticket.stream is not None:
             conn.motus_pump = True
+            self.gunicorn_enqueue(conn)
         else:
             self._count_held_poll(-1)
-            data = conn.motus_rerun
-            conn.motus_rerun = None
-            self.add_buffered(len(data))
-            conn.motus_request = data
-        self.gunicorn_enqueue(conn)
+            self._rerun(conn)
 
     def _release(self, conn: Any) -> None:
         """Give a held request up (its client left, or the worker stops) and close it."""
@@ -692,6 +794,9 @@ class MotusWorker(WorkerSeam):
         ticket = getattr(conn, "motus_ticket", None)
         if ticket is None:  # a new request (a held long poll served again keeps its ticket)
             ticket = conn.motus_ticket = self._new_ticket(conn)
+        if getattr(conn, "motus_alike", None):
+            answer.copy = bytearray()  # alike requests wait for a copy (``_answer_alike``)
+        ticket.answered = None
         result: Any = False
         serving(ticket)
         try:
@@ -715,6 +820,8 @@ class MotusWorker(WorkerSeam):
             self.add_buffered(-len(data))
             if result is not PARKED:
                 conn.motus_ticket = None
+                if answer.copy is not None:
+                    conn.motus_answered = ticket.answered
             conn.motus_answer = answer  # sent by the main loop (finish_request)
         return result
 

@@ -172,6 +172,72 @@ def test_a_hundred_streams_and_a_hundred_long_polls_wait_on_four_threads(start_s
         assert stream.until_eof().endswith(b"0\r\n\r\n"), stream.buf[-200:]
 
 
+def inbox_answers(server: Server) -> float:
+    """``motus_http_requests_total`` of the inbox answered 200 (``/metrics``)."""
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith("motus_http_requests_total{") and 'endpoint="motus_api.inbox"' in line and 'status="200"' in line:
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_alike_long_polls_woken_together_each_get_the_answer_with_a_request_id_of_their_own(
+    start_server, opened: list[Raw],
+) -> None:
+    """One interrupt wakes every inbox poll; the polls whose requests are the same bytes are
+    answered with one run of the view and a copy each. Each copy is a whole answer of its
+    own: the same body, its own request id (or the client's own, echoed), counted and
+    logged as a request, and the connection kept alive for the next request."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    plain = [Raw(server, "/interrupts?wait=true&timeout=120") for _ in range(40)]
+    named = [Raw(server, "/interrupts?wait=true&timeout=120", headers=("X-Request-Id: approver-7",)) for _ in range(5)]
+    questions = Raw(server, "/interrupts?type=user_input&wait=true&timeout=120")
+    opened += [*plain, *named, questions]
+    wait_until(lambda: long_polls_open(server) == 46, what="every long poll waiting")
+    counted = inbox_answers(server)
+
+    asking = server.create_session()
+    server.send(asking, "approval rm")
+    bodies, ids = [], []
+    for poll in [*plain, *named]:
+        status, items = poll.answer()
+        assert status == 200, items
+        bodies.append(items)
+        head = poll.buf.split(b"\r\n\r\n", 1)[0].decode()
+        ids.append(next(line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith("x-request-id:")))
+    assert all(body == bodies[0] for body in bodies) and [item["session_id"] for item in bodies[0]] == [asking]
+    assert len(set(ids[:40])) == 40 and all(len(i) == 32 for i in ids[:40]), ids  # each its own
+    assert ids[40:] == ["approver-7"] * 5  # the client's own id, echoed
+    assert not questions.ready()  # a question poll is not woken by an approval, nor answered by a copy
+    wait_until(lambda: inbox_answers(server) - counted == 45, what="each answer counted as a request")
+    wait_until(lambda: server.log().count("(a copy of an alike request's answer)") >= 40, what="the copies in the access log")
+
+    # Each connection is still kept alive: its next request is read and answered.
+    for poll in [*plain, *named]:
+        poll.buf = b""
+        poll.sock.sendall(f"GET /health HTTP/1.1\r\nHost: {urlsplit(server.url).netloc}\r\n\r\n".encode())
+        status, body = poll.answer()
+        assert status == 200 and body["status"] == "ok", body  # type: ignore[index]
+    assert long_polls_open(server) == 1  # the question poll still waits
+
+
+def test_alike_long_polls_whose_first_waits_again_are_each_served_again(start_server, opened: list[Raw]) -> None:
+    """Alike polls woken by a change that does not end their wait (an approval, for polls of
+    questions) wait again, each of them, and are then answered by their own event."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    polls = [Raw(server, "/interrupts?type=user_input&wait=true&timeout=120") for _ in range(20)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 20, what="every long poll waiting")
+    approving = server.create_session()
+    server.send(approving, "approval rm")  # wakes the question polls, which find none and wait again
+    wait_until(lambda: server.get(f"/sessions/{approving}").json()["status"] == "interrupted", what="the approval")
+    asking = server.create_session()
+    server.send(asking, "question colour")
+    for poll in polls:
+        status, items = poll.answer()
+        assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+    wait_until(lambda: long_polls_open(server) == 0, what="no long poll left waiting")
+
+
 def test_held_long_polls_answer_at_their_event_at_their_timeout_and_at_a_stop(start_server, opened: list[Raw]) -> None:
     server = start_server("tests.agents:dispatch", *ARGS)
     # Woken by other changes but not by its own, an inbox poll for questions waits out the

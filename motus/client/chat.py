@@ -160,10 +160,27 @@ class Chat:
         except ClientError as exc:
             self._spinner.stop()
             self.console.note(f"Error: {describe_error(exc)}")
+            if isinstance(exc, NotFound) and self._gone():
+                self.deleted = True  # nothing is kept, so the chat offers no rejoin
+                self.console.note(
+                    f"[info] session {visible(self.session_id)} no longer exists (deleted from elsewhere, or expired)"
+                )
             status = 1
         finally:
             status = self._leave(status, one_shot=message is not None)
         return status
+
+    def _gone(self) -> bool:
+        """After a 404: whether the session itself is what is missing."""
+        if self.session_id is None:
+            return False
+        try:
+            self.client.get_session(self.session_id)
+        except NotFound:
+            return True
+        except ClientError as exc:
+            log.info("could not tell whether session %s still exists: %s", self.session_id, exc)
+        return False
 
     @property
     def _sid(self) -> str:

@@ -189,6 +189,22 @@ def test_an_answer_given_after_someone_else_answered_is_told_it_did_not_count(se
     assert "Traceback" not in chat.text()
 
 
+def test_a_session_deleted_from_elsewhere_is_not_offered_for_rejoining(server, terminal) -> None:
+    """bob deletes alice's session while her chat waits at the prompt; her next message gets
+    the 404, and the chat says the session no longer exists instead of "Session kept ...
+    Rejoin it with"."""
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+    chat.send("hello")
+    chat.expect(r"Error: 404 Not Found: [^\n]*\n")
+    chat.expect_literal(f"[info] session {session_id} no longer exists (deleted from elsewhere, or expired)")
+    assert chat.wait_exit() == 1
+    assert "Session kept" not in chat.text() and "Rejoin it" not in chat.text()
+    assert "Traceback" not in chat.text()
+
+
 def test_control_and_bidi_characters_from_the_agent_are_shown_escaped(spoof_server, terminal) -> None:
     chat = terminal(spoof_server.url, "go")
     chat.expect_literal("The agent wants to run: delete_file\\x1b[8m\n")

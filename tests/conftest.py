@@ -127,6 +127,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextmanager
+def refused_url() -> Iterator[str]:
+    """A loopback URL where every connection is refused while the block runs: its port is
+    bound and never listened on, so no other test's server can take it meanwhile (a port
+    ``free_port`` found free can be, with the suite's processes starting servers in parallel)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 @dataclass
 class Server:
     """A running ``motus serve`` subprocess."""

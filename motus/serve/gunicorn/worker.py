@@ -119,7 +119,6 @@ def _chunked(request: bytes | bytearray) -> bool:
     return not bytes(request[:line_end if line_end >= 0 else len(request)]).rstrip().endswith(b"HTTP/1.0")
 
 
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _REQUEST_ID_FIELD = b"\r\n" + REQUEST_ID_HEADER.lower().encode() + b":"
 
 
@@ -559,37 +558,38 @@ class MotusWorker(WorkerSeam):
             for conn in alike:
                 self._rerun(conn)
             return
+        copy = bytes(copy)
         request_id, at = _request_id_in(copy)
         app = self.wsgi
         done: Future[Any] = Future()
         done.set_result(result)
         for conn in alike:
             data = conn.motus_rerun
-            conn.motus_rerun = None
-            ticket, conn.motus_ticket = conn.motus_ticket, None
-            ticket.cancel()
             own = request_id
             if request_id is not None and request_id not in data:
                 own = os.urandom(len(request_id) // 2).hex().encode()  # the server chose the first one's
             body = copy if own == request_id else copy[:at] + own + copy[at + len(request_id):]  # type: ignore[operator]
+            sending = Answer(socket_of(conn), self)
+            if not sending.keep(body):
+                # Past what the main loop may hold for clients: served on a thread on its own,
+                # which writes what the socket does not take itself, as any large answer.
+                self._rerun(conn)
+                continue
+            conn.motus_rerun = None
+            ticket, conn.motus_ticket = conn.motus_ticket, None
+            ticket.cancel()
             log_answer(app, answered, own.decode() if own else "", None, alike=True)
             try:
-                sent = socket_of(conn).send(body, _DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
+                sent_all = sending.flush()  # the socket is non-blocking while held
             except OSError:
+                sending.discard()
                 self.close_connection(conn)  # the client is gone
                 continue
-            if sent == len(body):
+            if sent_all:
                 self._after_answer(conn, done, result)  # the common case: the socket took it all
-                continue
-            rest = Answer(socket_of(conn), self)
-            if not rest.keep(bytes(body[sent:])):
-                self.tally("unread")
-                self.close_connection(conn)
-                continue
-            conn.motus_answer = rest
-            self.motus_finish(conn, done)
+            else:
+                self._writing[conn] = (sending, result, sending.deadline())
+                self.watch(conn, selectors.EVENT_WRITE, partial(self._on_writable, conn, done))
 
     def _rerun(self, conn: Any) -> None:
         """Serve a long poll that is in no table of the main loop again, from the start."""

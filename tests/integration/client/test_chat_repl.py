@@ -19,7 +19,7 @@ from motus.cli import main
 from motus.models import ChatMessage
 from motus.serve.interrupt import interrupt
 
-from tests.conftest import ROOT, Server, free_port, server_env, server_factory, wait_until
+from tests.conftest import ROOT, Server, refused_url, server_env, server_factory, wait_until
 from tests.integration.client.terminal import Terminal
 
 AGENT = "tests.agents.client:hitl"
@@ -574,8 +574,8 @@ def test_one_shot_answers_errors_and_exit_statuses(server) -> None:
     result = run(server.url, "hi", "--param", "oops")
     assert result.exit_code == 2 and "KEY=VALUE" in result.stderr
 
-    url = f"http://127.0.0.1:{free_port()}"
-    result = run(url, "hi")
+    with refused_url() as url:
+        result = run(url, "hi")
     assert (result.exit_code, result.stderr) == (1, f"Error: Could not connect to {url}\n")
 
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from motus.cli import main
-from tests.conftest import ROOT, Server, free_port, server_env, server_factory, wait_until
+from tests.conftest import ROOT, Server, refused_url, server_env, server_factory, wait_until
 from tests.integration.client.stub_http import StubServer
 
 AGENT = "tests.agents.client:hitl"
@@ -167,8 +167,8 @@ def test_usage_errors(server: Server) -> None:
     [["health"], ["create"], ["sessions"], ["get", "ID"], ["get", "ID", "--wait"], ["delete", "ID"], ["messages", "ID"], ["send", "ID", "hi"]],
 )
 def test_server_not_there(args: list[str]) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    stderr = failed(args[0], url, *args[1:])
+    with refused_url() as url:
+        stderr = failed(args[0], url, *args[1:])
     assert stderr == f"Error: Could not connect to {url}\n"
 
 
@@ -193,6 +193,6 @@ def test_entry_point(server: Server) -> None:
 
     result = run("sessions", server.url, "--json")
     assert result.returncode == 0 and isinstance(json.loads(result.stdout), list)
-    url = f"http://127.0.0.1:{free_port()}"
-    result = run("health", url)
+    with refused_url() as url:
+        result = run("health", url)
     assert (result.returncode, result.stdout, result.stderr) == (1, "", f"Error: Could not connect to {url}\n")

@@ -26,7 +26,7 @@ from motus.client import (
 )
 from motus.models import ChatMessage
 from tests.agents.client import APPROVAL, CUSTOM, QUESTIONS
-from tests.conftest import Server, free_port, server_factory, wait_until
+from tests.conftest import Server, refused_url, server_factory, wait_until
 from tests.integration.client.stub_http import StubServer
 
 AGENT = "tests.agents.client:hitl"
@@ -219,8 +219,7 @@ def test_an_answer_someone_else_gave_first_is_warned_about_not_dropped(client: C
 
 
 def test_server_not_there_and_going_away(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    with Client(url, timeout=5) as client:
+    with refused_url() as url, Client(url, timeout=5) as client:
         for call in (client.health, client.create_session, client.list_sessions, lambda: client.get_session("x", wait=True)):
             with pytest.raises(ConnectionFailed) as caught:
                 call()

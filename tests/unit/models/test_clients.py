@@ -16,7 +16,7 @@ from urllib3.exceptions import MaxRetryError, NameResolutionError, NewConnection
 from motus.models import AnthropicChatClient, ChatMessage, ModelError, OpenAIChatClient, OpenRouterChatClient
 from motus.models.http import request_not_sent, scrub
 from motus.models.messages import FunctionCall, ToolCall
-from tests.conftest import free_port
+from tests.conftest import refused_url
 from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import (
     FakeProvider,
@@ -171,10 +171,10 @@ def test_5xx_backs_off_exponentially_then_gives_up(fake_provider: FakeProvider) 
 
 def test_connection_errors_are_retried_then_reported() -> None:
     sleeps = Sleeps()
-    base_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    client = OpenAIChatClient(api_key=KEY, base_url=base_url, sleep=sleeps, max_retries=2, backoff=0.01)
-    with pytest.raises(ModelError, match=f"could not connect to {base_url}: ConnectionRefusedError") as caught:
-        client.chat(model="m", messages=[ChatMessage.user_message("hi")])
+    with refused_url() as base_url:
+        client = OpenAIChatClient(api_key=KEY, base_url=base_url, sleep=sleeps, max_retries=2, backoff=0.01)
+        with pytest.raises(ModelError, match=f"could not connect to {base_url}: ConnectionRefusedError") as caught:
+            client.chat(model="m", messages=[ChatMessage.user_message("hi")])
     assert caught.value.retryable
     assert sleeps == [0.01, 0.02]
     assert KEY not in str(caught.value)

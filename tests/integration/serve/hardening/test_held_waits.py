@@ -10,6 +10,7 @@ and so that the framing on the wire (chunks, HTTP/1.0) is what is checked.
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import socket
@@ -180,6 +181,13 @@ def inbox_answers(server: Server) -> float:
     return 0.0
 
 
+def answer_length(buf: bytes) -> int:
+    """The length of the first whole answer (head and ``Content-Length`` body) in ``buf``."""
+    head = buf.split(b"\r\n\r\n", 1)[0]
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    return len(head) + 4 + length
+
+
 def test_alike_long_polls_woken_together_each_get_the_answer_with_a_request_id_of_their_own(
     start_server, opened: list[Raw],
 ) -> None:
@@ -236,6 +244,245 @@ def test_alike_long_polls_whose_first_waits_again_are_each_served_again(start_se
         status, items = poll.answer()
         assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
     wait_until(lambda: long_polls_open(server) == 0, what="no long poll left waiting")
+
+
+def read_all(raws: list[Raw], timeout: float = 60.0) -> list[bytes]:
+    """Read every one of ``raws`` at once (select) until each has a whole ``Content-Length``
+    answer or its end of file; what each got."""
+    left = {raw.sock: raw for raw in raws}
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(left), [], [], max(0.0, deadline - time.monotonic()))
+        for sock in ready:
+            raw = left[sock]
+            chunk = sock.recv(1 << 20)
+            raw.buf += chunk
+            if not chunk or (b"\r\n\r\n" in raw.buf and len(raw.buf) >= answer_length(raw.buf)):
+                del left[sock]
+    return [raw.buf for raw in raws]
+
+
+def test_alike_long_polls_with_a_large_answer_and_a_small_window_each_get_it_whole(
+    start_server, opened: list[Raw],
+) -> None:
+    """A copy the socket does not take at once is kept for the main loop to send. An answer
+    larger than one the main loop may keep (``MAX_HELD_ANSWER``, 8 MiB), or copies past the
+    worker's total (64 MiB), must not cut an alike poll off mid-answer: served on its own, a
+    thread would have written it whole to a client that reads, however slowly its window opens."""
+    server = start_server("tests.agents:dispatch", *ARGS, "--max-request-bytes", str(32 * 1024 * 1024))
+    hanging, sid = server.create_session(), server.create_session()
+    server.send(hanging, "hang")  # takes the one turn worker: the next turn waits for it
+    size = 12 * 1024 * 1024
+    server.send(sid, "echo " + "x" * size)  # its session's answer: 12 MiB, more than a socket takes at once plus 8 MiB
+    polls = [Raw(server, f"/sessions/{sid}?wait=true&timeout=120", rcvbuf=4096) for _ in range(3)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 3, what="every long poll waiting")
+    assert server.delete(f"/sessions/{hanging}").status_code == 204  # the echo runs, and ends
+    got = read_all(polls)  # every client reads, at once, as fast as its window lets it
+    whole = [len(buf) > size and len(buf) == answer_length(buf) for buf in got]
+    copies = server.log().count("(a copy of an alike request's answer)")
+    assert all(whole), f"cut off mid-answer: {[len(buf) for buf in got]} bytes ({copies} copies)"
+    assert "did not take its answer in time" not in server.log()
+
+
+def test_alike_long_polls_with_a_request_pipelined_behind_are_answered_in_order(start_server, opened: list[Raw]) -> None:
+    """A client may send its next request behind its long poll: an alike poll answered with a
+    copy then has that request read and answered, on the same connection, in order."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    netloc = urlsplit(server.url).netloc
+    polls = [Raw(server, "/interrupts?wait=true&timeout=120") for _ in range(10)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 10, what="every long poll waiting")
+    for poll in polls:
+        poll.sock.sendall(f"GET /health HTTP/1.1\r\nHost: {netloc}\r\n\r\n".encode())
+    asking = server.create_session()
+    server.send(asking, "approval rm")
+    for poll in polls:
+        status, items = poll.answer()
+        assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+        poll.buf = poll.buf[answer_length(poll.buf):]  # what came after the first answer
+    for poll in polls:
+        data = poll.read_until(b'"status":"ok"')
+        assert b"HTTP/1.1 200" in data, data[-300:]
+    wait_until(lambda: long_polls_open(server) == 0, what="no long poll left waiting")
+
+
+@pytest.mark.parametrize("version, headers", [("1.0", ()), ("1.1", ("Connection: close",))], ids=["http-1.0", "connection-close"])
+def test_alike_long_polls_whose_connection_closes_after_are_each_answered_then_closed(
+    start_server, opened: list[Raw], version: str, headers: tuple[str, ...],
+) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS)
+    polls = [Raw(server, "/interrupts?wait=true&timeout=120", version=version, headers=headers) for _ in range(8)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 8, what="every long poll waiting")
+    counted = inbox_answers(server)
+    asking = server.create_session()
+    server.send(asking, "approval rm")
+    for poll in polls:
+        status, items = poll.answer()
+        assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+        poll.until_eof()
+    wait_until(lambda: inbox_answers(server) - counted == 8, what="each answer counted once")
+    assert long_polls_open(server) == 0
+
+
+def test_alike_http_1_0_keep_alive_long_polls_get_a_copy_and_stay_open(start_server, opened: list[Raw]) -> None:
+    """HTTP/1.0 with ``Connection: keep-alive`` (a proxy's default) is kept alive after a copy
+    too: the next request on each connection is read and answered."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    netloc = urlsplit(server.url).netloc
+    polls = [Raw(server, "/interrupts?wait=true&timeout=120", version="1.0", headers=("Connection: keep-alive",))
+             for _ in range(8)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 8, what="every long poll waiting")
+    asking = server.create_session()
+    server.send(asking, "approval rm")
+    for poll in polls:
+        status, items = poll.answer()
+        assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+    for poll in polls:
+        poll.buf = b""
+        poll.sock.sendall(f"GET /health HTTP/1.0\r\nHost: {netloc}\r\nConnection: keep-alive\r\n\r\n".encode())
+        status, body = poll.answer()
+        assert status == 200 and body["status"] == "ok", body  # type: ignore[index]
+    assert long_polls_open(server) == 0
+
+
+def watched_fds(process: psutil.Process) -> set[int]:
+    """The descriptors ``process``'s selector (epoll) watches, from ``/proc``."""
+    fds: set[int] = set()
+    for entry in (f"/proc/{process.pid}/fd/{name}" for name in os.listdir(f"/proc/{process.pid}/fd")):
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            continue
+        if "eventpoll" in target:
+            with open(entry.replace("/fd/", "/fdinfo/")) as info:
+                fds |= {int(line.split()[1]) for line in info if line.startswith("tfd:")}
+    return fds
+
+
+def server_fd(process: psutil.Process, raw: Raw) -> int:
+    """The worker's descriptor of ``raw``'s connection."""
+    port = raw.sock.getsockname()[1]
+    return next(c.fd for c in process.net_connections("tcp") if c.raddr and c.raddr.port == port)
+
+
+@pytest.mark.parametrize("then", ["reset", "sigterm"])
+def test_alike_long_polls_set_aside_while_their_first_waits_for_a_thread(start_server, opened: list[Raw], then: str) -> None:
+    """Woken while every thread is busy, the first of alike polls waits for a thread and the
+    others are set aside (in no table of the main loop) meanwhile. Clients that reset then
+    are closed once the first is answered (no descriptor kept, no worker error); a stop then
+    still answers (or closes) every one of them promptly."""
+    server = start_server("tests.agents:dispatch", *ARGS, "--timeout", "4", "--read-timeout", "30",
+                          "--max-request-bytes", str(40 * 1024 * 1024))
+    big = server.create_session()
+    server.send(big, "echo " + "x" * (20 * 1024 * 1024))  # an answer no thread can leave to the main loop
+    server.wait_for_status(big, "idle", timeout=60)
+    hanging, asking = server.create_session(), server.create_session()
+    server.send(hanging, "hang")  # killed at --timeout; then the approval, queued behind it, runs
+    sent = time.monotonic()
+    # Not a synchronisation but the scenario's timing: the approval must run once every thread
+    # is busy, and only a timer can start it then (a request would need a thread). It waits
+    # behind the hung turn, killed at --timeout; and since a turn's --timeout counts from its
+    # message, the approval is sent half that later, so that it is still in time to run.
+    wait_until(lambda: time.monotonic() - sent > 2, what="half the hung turn's time")
+    server.send(asking, "approval rm")
+    polls = [Raw(server, "/interrupts?wait=true&timeout=120") for _ in range(10)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 10, what="every long poll waiting")
+    worker = serving_process(server)
+    baseline = worker.num_fds()
+    fds = [server_fd(worker, poll) for poll in polls]
+    blockers = [Raw(server, f"/sessions/{big}", rcvbuf=4096) for _ in range(4)]  # read nothing: every thread writes
+    opened += blockers
+    wait_until(lambda: all(unsent_bytes(server, blocker) > 0 for blocker in blockers), what="every thread busy")
+    # The approval wakes every poll: the first waits for a thread, the others are set aside.
+    wait_until(lambda: not set(fds) & watched_fds(worker), timeout=20, what="the polls woken, none watched")
+    assert not any(poll.ready() for poll in polls)
+    if then == "reset":
+        for poll in polls[5:]:
+            poll.reset()
+        for blocker in blockers:
+            blocker.reset()  # the threads are free again
+        for poll in polls[:5]:
+            status, items = poll.answer()
+            assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+        wait_until(lambda: worker.num_fds() <= baseline - 5, what="the reset connections closed")
+        assert long_polls_open(server) == 0
+        assert "Traceback" not in server.log() and "Error serving" not in server.log()
+        return
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    for blocker in blockers:
+        blocker.reset()  # the threads are free again (a client that does not read holds a stop up to its deadline)
+    for poll in polls:
+        data = poll.until_eof(timeout=10)
+        assert data.startswith(b"HTTP/1.1 200 "), data[:200]  # answered, then closed
+    assert time.monotonic() - started < 5
+    assert server.stop() == 0
+
+
+def test_alike_long_polls_with_different_api_keys_are_not_answered_with_each_others_copy(
+    start_server, opened: list[Raw],
+) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS, "--api-key", "alice=SECRET1", "--api-key", "bob=SECRET2")
+    alice = server.with_headers({"Authorization": "Bearer SECRET1"})
+    polls = {key: [Raw(server, "/interrupts?wait=true&timeout=120", headers=(f"Authorization: Bearer {key}",))
+                   for _ in range(4)] for key in ("SECRET1", "SECRET2", "WRONG")}
+    opened += [poll for group in polls.values() for poll in group]
+    for poll in polls["WRONG"]:
+        status, _ = poll.answer()
+        assert status == 401
+    wait_until(lambda: long_polls_open(alice) == 8, what="every long poll waiting")
+    asking = alice.create_session()
+    alice.send(asking, "approval rm")
+    for poll in polls["SECRET1"] + polls["SECRET2"]:
+        status, items = poll.answer()
+        assert status == 200 and [item["session_id"] for item in items] == [asking], items  # type: ignore[union-attr]
+    copies = server.log().count("(a copy of an alike request's answer)")
+    assert copies <= 6, f"{copies} copies: a poll was answered with a copy of another key's"
+
+
+def test_alike_session_polls_whose_session_is_deleted_each_get_a_404_and_stay_open(start_server, opened: list[Raw]) -> None:
+    server = start_server("tests.agents:dispatch", *ARGS)
+    netloc = urlsplit(server.url).netloc
+    sid = server.create_session()
+    server.send(sid, "hang")
+    wait_until(lambda: server.get(f"/sessions/{sid}").json()["status"] == "running", what="the turn running")
+    polls = [Raw(server, f"/sessions/{sid}?wait=true&timeout=120") for _ in range(10)]
+    opened += polls
+    wait_until(lambda: long_polls_open(server) == 10, what="every long poll waiting")
+    assert server.delete(f"/sessions/{sid}").status_code == 204
+    for poll in polls:
+        status, body = poll.answer()
+        assert status == 404, body
+    for poll in polls:
+        poll.buf = b""
+        poll.sock.sendall(f"GET /health HTTP/1.1\r\nHost: {netloc}\r\n\r\n".encode())
+        status, body = poll.answer()
+        assert status == 200, body
+    assert long_polls_open(server) == 0
+
+
+def test_alike_long_polls_with_the_same_client_request_id_or_an_unusable_one(start_server, opened: list[Raw]) -> None:
+    """The client's own id (kept only if sane) is echoed to each alike poll; an unusable one
+    is replaced, by a fresh id for each."""
+    server = start_server("tests.agents:dispatch", *ARGS)
+    bad = [Raw(server, "/interrupts?wait=true&timeout=120", headers=("X-Request-Id: not sane!",)) for _ in range(5)]
+    mine = [Raw(server, "/interrupts?wait=true&timeout=120", headers=(f"X-Request-Id: r{i}",)) for i in range(5)]
+    opened += bad + mine
+    wait_until(lambda: long_polls_open(server) == 10, what="every long poll waiting")
+    asking = server.create_session()
+    server.send(asking, "approval rm")
+    ids = []
+    for poll in bad + mine:
+        status, _ = poll.answer()
+        assert status == 200
+        head = poll.buf.split(b"\r\n\r\n", 1)[0].decode()
+        ids.append(next(line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith("x-request-id:")))
+    assert len(set(ids[:5])) == 5 and all(len(i) == 32 for i in ids[:5]), ids
+    assert ids[5:] == [f"r{i}" for i in range(5)], ids
 
 
 def test_held_long_polls_answer_at_their_event_at_their_timeout_and_at_a_stop(start_server, opened: list[Raw]) -> None:

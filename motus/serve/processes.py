@@ -5,7 +5,7 @@ descriptor that is readable once the process has exited), ``is_alive()``, ``join
 ``kill_group()`` and ``close()``, and the server's end of the job pipe.
 
 - ``motus.serve.zygote`` (Linux): the default. A start costs a fraction of what
-  ``multiprocessing`` costs (see ``bench/README.md``). From ``motus serve start`` with no
+  ``multiprocessing`` costs (see ``docs/performance.md``). From ``motus serve start`` with no
   secret to keep from agents, the zygote is forked from the serving process before it
   starts any thread (``fork_zygote_early``), with the agent already imported; otherwise,
   or with ``MOTUS_WORKER_START=fresh-zygote``, it is a fresh interpreter that imports the

@@ -15,7 +15,8 @@ each says so first: ``Approval 1 of 2``.
   above it), the keys typed replace the agent's (the server merges them the same way),
   and the merged arguments are shown before asking again; approving then sends
   ``{"approved": true, "tool_args": <the merged arguments>}``. Anything else rejects, with
-  an optional reason -> ``{"approved": false[, "reason": "..."]}``.
+  an optional reason -> ``{"approved": false[, "reason": "..."]}``. A payload with
+  ``"editable": false`` (the agent cannot apply edited arguments) offers no ``e``.
 - ``user_input``: every question with its header and numbered options (a ``markdown``
   preview in a box), plus a last "(Other: type your own answer)" choice. ``Choice:`` takes
   one number, or several (``1,3``) for ``multiSelect`` questions, whose answer is the chosen
@@ -67,13 +68,20 @@ def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str,
     tool_name = payload.get("tool_name") or "(unnamed tool)"
     proposed = payload.get("tool_args")
     args = proposed
+    editable = payload.get("editable") is not False  # false: the agent cannot apply edited arguments
     console.say(f"\nThe agent wants to run: {visible(tool_name)}")
     while True:
         console.say(format_arguments(args))
-        console.say("(y = approve, e = edit the arguments first, n or Enter = reject)")
+        if editable:
+            console.say("(y = approve, e = edit the arguments first, n or Enter = reject)")
+        else:
+            console.say("(y = approve, n or Enter = reject; this tool's arguments cannot be edited)")
         reply = console.ask("Approve? [y/N] ").strip().lower()
         if reply in ("y", "yes"):
             return {"approved": True, "tool_args": args} if args != proposed else {"approved": True}
+        if reply in ("e", "edit") and not editable:
+            console.say("This tool's arguments cannot be edited: approve or reject them as they are.")
+            continue
         if reply in ("e", "edit"):
             args = _edit_arguments(console, args)
             console.say("With your edits it runs with:" if args != proposed else "Unchanged: it runs with the agent's arguments:")

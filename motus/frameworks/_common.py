@@ -43,17 +43,22 @@ def parse_arguments(arguments: Any) -> Any:
     return to_jsonable_python(arguments)
 
 
-async def ask_approvals(approvals: Sequence[Approval]) -> list[Answer]:
+async def ask_approvals(approvals: Sequence[Approval], editable: bool = True) -> list[Answer]:
     """Raise one ``tool_approval`` interrupt per call, all at once, and read the answers.
 
     A tool the session approved "for the session" earlier (``"remember": "session"``) is let
-    through without asking, as for motus' own gated tools."""
+    through without asking, as for motus' own gated tools. ``editable=False``: the framework
+    cannot run a call with other arguments than its own, so the payload says
+    ``"editable": false`` and clients offer no edit (one that is sent anyway is refused by
+    the adapter)."""
     from motus.durable.interrupt import interrupt, session_grants, was_asked
 
     grants = session_grants()
 
     async def ask(item: Approval) -> Answer:
-        payload = {"type": "tool_approval", "tool_name": item.tool_name, "tool_args": item.tool_args}
+        payload: dict[str, Any] = {"type": "tool_approval", "tool_name": item.tool_name, "tool_args": item.tool_args}
+        if not editable:
+            payload["editable"] = False
         if item.tool_name in grants and not was_asked(payload):
             # approved for the session earlier (and, on a replay, not asked the first time:
             # a grant read back from one answer must not skip a call that was asked, and

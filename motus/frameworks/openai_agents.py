@@ -82,7 +82,7 @@ class OpenAIAgentsAgent:
         segment = 0
         while snapshot["status"] == "interrupted":
             approvals = [Approval(**item) for item in snapshot["approvals"]]
-            answers = await ask_approvals(approvals)
+            answers = await ask_approvals(approvals, editable=False)  # see EDITED_ARGS
             segment += 1
             saved = snapshot["state"]
 

@@ -72,6 +72,8 @@ async def hitl(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMess
     value: Any
     if text == "approve":
         value = await interrupt(APPROVAL)
+    elif text == "approve fixed":  # a tool whose arguments cannot be edited (an SDK's)
+        value = await interrupt({**APPROVAL, "editable": False})
     elif text == "ask":
         value = await interrupt(QUESTIONS)
     elif text == "custom":

@@ -6,6 +6,8 @@
 - ``survey``: one ``user_input`` interrupt with two questions, a multiSelect one (one option
   carries ``markdown``) and a single-select one; replies ``answers=<the answers as JSON>``.
 - ``script``: replies with text that would run script if it were inserted as HTML.
+- ``fixed``: a ``tool_approval`` whose arguments cannot be edited (``"editable": false``, as
+  an OpenAI Agents SDK tool's); replies ``approval=<the answer as JSON>``.
 - ``fail``: raises, so the turn ends in ``error`` with a traceback.
 - ``gate <path>``: keeps the turn running until ``<path>`` exists (so a test can look at
   the running state without racing it), then replies "gate opened".
@@ -88,6 +90,9 @@ async def agent(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMes
     if word == "survey":
         value = await interrupt(SURVEY)
         return _reply(message, state, "answers=" + json.dumps(value.get("answers"), sort_keys=True))
+    if word == "fixed":
+        value = await interrupt({"type": "tool_approval", "tool_name": "send_invoice", "tool_args": {"to": "ACME"}, "editable": False})
+        return _reply(message, state, "approval=" + json.dumps(value, sort_keys=True))
     if word == "script":
         return _reply(message, state, SCRIPT_REPLY)
     if word == "fail":

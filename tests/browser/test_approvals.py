@@ -78,6 +78,21 @@ def test_reject_edit_and_approve_a_tool_call(open_chat, example_server):
     chat.shot("approved")
 
 
+def test_an_approval_whose_arguments_cannot_be_edited_has_no_edit_button(open_chat, shared_ui_server):
+    """``"editable": false`` (an OpenAI Agents SDK tool): the card offers approve and reject,
+    no "Edit arguments" that the agent would refuse."""
+    chat = open_chat(shared_ui_server).open()
+    chat.send("fixed")
+    card = chat.card("Approve this tool call?")
+    expect(card.get_by_role("heading")).to_contain_text("send_invoice")
+    expect(card.get_by_role("button", name="Approve")).to_be_visible()
+    expect(card.get_by_role("button", name="Reject")).to_be_visible()
+    expect(card.get_by_role("button", name="Edit arguments")).to_have_count(0)
+    chat.shot("approval-not-editable")
+    card.get_by_role("button", name="Approve").click()
+    expect(chat.reply('approval={"approved": true}')).to_be_visible()
+
+
 def test_two_pending_interrupts_one_answered_elsewhere(open_chat, example_server):
     chat = open_chat(example_server).open()
     chat.send("delete and move both")

@@ -189,6 +189,27 @@ def test_an_answer_given_after_someone_else_answered_is_told_it_did_not_count(se
     assert "Traceback" not in chat.text()
 
 
+def test_an_approval_whose_arguments_cannot_be_edited_offers_no_edit(server, terminal) -> None:
+    """``"editable": false`` (an OpenAI Agents SDK tool): the prompt offers no ``e``, an ``e``
+    typed anyway is explained and asks again, and ``y`` approves the arguments as they are."""
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send("approve fixed")
+    chat.expect_literal("(y = approve, n or Enter = reject; this tool's arguments cannot be edited)")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("e")
+    chat.expect_literal("This tool's arguments cannot be edited: approve or reject them as they are.")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("y")
+    chat.expect_literal(got({"approved": True}))
+    chat.expect_literal("> ")
+    chat.send("/quit")
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert "e = edit" not in chat.text()
+
+
 def test_a_session_deleted_from_elsewhere_is_not_offered_for_rejoining(server, terminal) -> None:
     """bob deletes alice's session while her chat waits at the prompt; her next message gets
     the 404, and the chat says the session no longer exists instead of "Session kept ...

@@ -114,7 +114,8 @@ def approval(body: dict) -> list[tuple[str, dict]]:
     """The pending interrupts as ``(interrupt_id, payload)``, sorted by payload."""
     items = [(item["interrupt_id"], item["payload"]) for item in body["interrupts"]]
     for _, payload in items:
-        assert set(payload) == {"type", "tool_name", "tool_args"} and payload["type"] == "tool_approval", payload
+        assert set(payload) - {"editable"} == {"type", "tool_name", "tool_args"} and payload["type"] == "tool_approval", payload
+        assert payload.get("editable", True) in (True, False), payload
     return sorted(items, key=lambda item: json.dumps(item[1], sort_keys=True))
 
 

@@ -58,7 +58,8 @@ def test_approve_runs_the_tool_once_and_the_model_sees_its_result(shared: Shared
     server = shared.server()
     session_id = start_turn(server, "touch a.txt")
     [(interrupt_id, payload)] = approval(interrupted(server, session_id))
-    assert payload == {"type": "tool_approval", "tool_name": "touch", "tool_args": {"path": "a.txt"}}
+    # The SDK cannot run a call with other arguments: the interrupt says so, and clients offer no edit.
+    assert payload == {"type": "tool_approval", "tool_name": "touch", "tool_args": {"path": "a.txt"}, "editable": False}
     assert ran(sandbox, "ran-a.txt") == 0  # nothing runs before the answer
 
     fake.script(openai_text("Touched it."))

@@ -259,7 +259,8 @@ function approvalCard(interrupt, payload) {
       remember,
       el("label", { for: rememberId }, "Remember for this session: approve later calls of ", el("code", {}, visibleText(payload.tool_name)), " without asking"),
     ),
-    el("div", { class: "actions" }, approve, reject, edit),
+    // "editable": false: the agent cannot run the call with other arguments, so no edit is offered.
+    el("div", { class: "actions" }, approve, reject, ...(payload.editable === false ? [] : [edit])),
     card.cardError,
   );
   return card;

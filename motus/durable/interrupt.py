@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import signal
+import struct
 import sys
 import threading
 import uuid
@@ -61,6 +62,9 @@ class _Channel:
         self._send_lock = threading.Lock()
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._acks: dict[int, asyncio.Future[None]] = {}
+        #: Interrupts raised in this pass of the loop, not yet sent (loop thread only): sent
+        #: together by ``_send_interrupts``.
+        self._outbox: list[tuple[str, bytes]] = []
         self._closed = False  # set on the loop thread once EOF is seen
         self.journal: Journal = Journal((), self)
         self._reader = threading.Thread(target=self._read_resumes, name="motus-resume-reader", daemon=True)
@@ -155,16 +159,30 @@ class _Channel:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[message.interrupt_id] = future
-        try:
-            with self._send_lock:
-                self._conn.send_bytes(data)
-        except OSError:
-            self._pending.pop(message.interrupt_id, None)
-            raise EOFError("Worker pipe closed") from None
+        if not self._outbox:
+            self._loop.call_soon(self._send_interrupts)
+        self._outbox.append((message.interrupt_id, data))
         try:
             return await future
         finally:
             self._pending.pop(message.interrupt_id, None)
+
+    def _send_interrupts(self) -> None:
+        """On the loop, after every task that was ready with the first interrupt of this pass
+        has run: send the interrupts they raised (the branches of one ``asyncio.gather``)
+        in one write, so that the server takes them in one read and publishes them together:
+        a client is never shown the first of them alone, then the rest (``1 of 2``). A send
+        that fails fails each of them with ``EOFError``, as a closed pipe does."""
+        outbox, self._outbox = self._outbox, []
+        data = b"".join(_framed(message) for _, message in outbox)
+        try:
+            with self._send_lock:
+                _write_all(self._conn.fileno(), data)
+        except OSError:
+            for interrupt_id, _ in outbox:
+                future = self._pending.get(interrupt_id)
+                if future is not None and not future.done():
+                    future.set_exception(EOFError("Worker pipe closed"))
 
     def _read_resumes(self) -> None:
         """Reader thread: deliver resumes and acks; on EOF fail every waiter and end the
@@ -285,6 +303,19 @@ def _install(channel: _Channel | None) -> None:
     """Called by the worker runtime only."""
     global _channel
     _channel = channel
+
+
+def _framed(message: bytes) -> bytes:
+    """One message in ``multiprocessing``'s framing (a 4-byte big-endian length, then the
+    bytes), as ``Connection.send_bytes`` writes it: the server reads it with the same
+    framing (``motus.serve.pipes.Frames``). An interrupt is at most ``MAX_INTERRUPT_BYTES``."""
+    return struct.pack("!i", len(message)) + message
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 async def interrupt(payload: dict[str, Any], *, timeout: float | None = None, default: Any = None) -> Any:

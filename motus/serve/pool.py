@@ -98,6 +98,12 @@ class PoolListener(Protocol):
 
     def worker_message(self, handle: Handle, message: object) -> None: ...
 
+    def worker_messages(self, handle: Handle, messages: list[object]) -> None:
+        """Messages one read of the handle's pipe held, in order (the interrupts of one
+        ``asyncio.gather`` come in one write): handled as one, so what they change is seen
+        together."""
+        ...
+
     def worker_exited(self, handle: Handle) -> None: ...
 
 
@@ -598,21 +604,29 @@ class WorkerPool:
             open_ = handle.frames.read(handle.conn.fileno())  # type: ignore[union-attr]
         except OSError:
             open_ = False
+        together: list[object] = []  # the messages of this read before an outcome, passed on as one
         while (frame := handle.frames.take()) is not None:
             message = unpickle(frame)  # a Failure if the agent's process wrote something unreadable
             if isinstance(message, (Result, Failure)):
+                self._report_together(handle, together)
                 self._report_outcome(handle, message)
                 return open_
-            with self._lock:
-                if handle.finished:
-                    return open_
-            self._report(self._listener.worker_message, handle, message)
+            together.append(message)
+        self._report_together(handle, together)
         if not open_:
             with self._lock:
                 # The worker closed its end; its sentinel reports how it ended.
                 self._request_close_locked(handle)
                 self._close_requested_locked()
         return open_
+
+    def _report_together(self, handle: Handle, messages: list[object]) -> None:
+        if not messages:
+            return
+        with self._lock:
+            if handle.finished:
+                return
+        self._report(self._listener.worker_messages, handle, messages)
 
     def _reap(self, item: Handle | _Warm) -> None:
         """A process exited: report a turn that never said how it ended, then forget it."""

@@ -39,6 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from motus.serve.errors import InterruptNotPending, InvalidTransition, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
@@ -450,8 +451,15 @@ class Machine:
     # -- the pool's listener (manager thread) --------------------------------------------
 
     def worker_message(self, handle: Handle, message: object) -> None:
-        """A message from a turn's process. If the store cannot take it now (locked, full),
-        it waits in the turn's backlog, with every later message of that turn behind it, and
+        """A message from a turn's process (``worker_messages`` with one)."""
+        self.worker_messages(handle, [message])
+
+    def worker_messages(self, handle: Handle, messages: list[object]) -> None:
+        """Messages a turn's process wrote together, in order, applied under one hold of the
+        session lock and published once: the interrupts of one ``asyncio.gather`` (written
+        in one go, see ``motus.durable.interrupt``) are seen together, by a long poll or a
+        read, never the first alone. If the store cannot take one now (locked, full), it
+        waits in the turn's backlog, with every later message of that turn behind it, and
         is retried: a worker message is never dropped (see ``_retry_backlog``)."""
         session, turn = self._owner(handle)
         if session is None or turn is None:
@@ -459,12 +467,13 @@ class Machine:
         after = After()
         try:
             with session.lock:
-                if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
-                    return  # a message from a process this turn no longer owns
-                turn.last_heard = time.monotonic()
-                if turn.backlog:
-                    turn.backlog.append(message)
-                else:
+                for message in _together(messages):
+                    if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
+                        return  # a message from a process this turn no longer owns
+                    turn.last_heard = time.monotonic()
+                    if turn.backlog:
+                        turn.backlog.append(message)
+                        continue
                     try:
                         self._apply_or_end_locked(session, turn, handle, message, after)
                     except ServerUnavailable as exc:
@@ -474,7 +483,7 @@ class Machine:
                         self.timers.schedule(time.monotonic() + STORE_RETRY_SECONDS, "retry", turn, monotonic=True)
         finally:
             self._finish(after)  # what was decided before a failure (a slot freed) still happens
-        if self._stopped and isinstance(message, Interrupt):
+        if self._stopped and any(isinstance(message, Interrupt) for message in messages):
             self._settle_for_shutdown(session)  # nobody can answer it before the next start
 
     def _apply_or_end_locked(self, session: Session, turn: Turn, handle: Handle, message: object, after: After) -> None:
@@ -521,13 +530,15 @@ class Machine:
     def _apply_once_locked(
         self, session: Session, turn: Turn, handle: Handle, message: object, after: After, whole_history: bool = False
     ) -> None:
-        problem = message_problem(message) or turn.conflict(message)
+        problem = message.problem(turn) if isinstance(message, Together) else message_problem(message) or turn.conflict(message)
         if problem is not None:  # the session stays as it was; the process is stopped
             log.warning("session %s: its worker sent a malformed %s", session.session_id, problem)
             self._end_locked(session, turn, error=f"Worker sent a malformed {problem}", after=after)
             return
         if isinstance(message, Interrupt):
-            self._interrupted_locked(session, turn, message, after)
+            self._interrupted_locked(session, turn, [message], after)
+        elif isinstance(message, Together):
+            self._interrupted_locked(session, turn, message.interrupts, after)
         elif isinstance(message, Record):
             self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
             turn.journal[message.entry.seq] = message.entry
@@ -591,13 +602,18 @@ class Machine:
             return None, None
         return session, session.turn
 
-    def _interrupted_locked(self, session: Session, turn: Turn, message: Interrupt, after: After) -> None:
+    def _interrupted_locked(self, session: Session, turn: Turn, messages: list[Interrupt], after: After) -> None:
+        """The turn waits on ``messages`` (one interrupt, or those of one ``asyncio.gather``):
+        committed in one save, then published once, so nobody sees some of them alone."""
         now = self._clock()
-        known = turn.journal.get(message.seq)
+        entries: list[JournalEntry] = []
+        fresh: list[JournalEntry] = []
         events: list[Event] = []
-        if known is not None and known.kind == INTERRUPT and known.ref == message.interrupt_id:
-            entry = known  # a replay waits again on an interrupt it had raised before
-        else:
+        for message in messages:
+            known = turn.journal.get(message.seq)
+            if known is not None and known.kind == INTERRUPT and known.ref == message.interrupt_id:
+                entries.append(known)  # a replay waits again on an interrupt it had raised before
+                continue
             kind = message.payload.get("type")
             timeout = message.timeout if message.timeout is not None and message.timeout > 0 else None
             entry = JournalEntry(
@@ -607,21 +623,24 @@ class Machine:
                 expires_at=now + timeout if timeout is not None else None,
                 default=pack(("ok", message.default)) if timeout is not None else None,
             )
+            entries.append(entry)
+            fresh.append(entry)
             events.append(session.event("interrupt", now, **interrupt_data(entry)))
         if session.status is not SessionStatus.INTERRUPTED:
             events.append(session.event("status", now, status=SessionStatus.INTERRUPTED.value))
-        self._save(session, session.record(status=SessionStatus.INTERRUPTED, touched=now), [entry], events)
-        turn.journal[entry.seq] = entry
+        self._save(session, session.record(status=SessionStatus.INTERRUPTED, touched=now), entries, events)
+        for entry in entries:
+            turn.journal[entry.seq] = entry
         session.touched = now
-        if entry is not known:
+        for entry in fresh:
             self.metrics.interrupt_raised()
-        if entry is not known and entry.expires_at is not None:
-            self.timers.schedule(entry.expires_at, "expire", turn, arg=entry.seq)
-        if entry is not known and webhook_wants(turn.webhook, "interrupted"):
-            after.ended.append(TurnEnd(
-                session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
-                messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
-            ))
+            if entry.expires_at is not None:
+                self.timers.schedule(entry.expires_at, "expire", turn, arg=entry.seq)
+            if webhook_wants(turn.webhook, "interrupted"):
+                after.ended.append(TurnEnd(
+                    session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
+                    messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
+                ))
         if turn.state is TurnState.RESUMING:
             after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
             turn.queued_values.clear()
@@ -830,6 +849,43 @@ class Machine:
         except Exception as exc:
             log.exception("store write failed")
             raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Together:
+    """Interrupts a worker wrote in one go (the branches of one ``asyncio.gather``), applied
+    as one message: one save, one publish (``Machine._interrupted_locked``)."""
+
+    interrupts: list[Interrupt]
+
+    def problem(self, turn: Turn) -> str | None:
+        """``message_problem`` and ``Turn.conflict`` of each, and of each against the others
+        (no two may share a seq or an id: the turn's journal does not hold them yet)."""
+        for interrupt in self.interrupts:
+            problem = message_problem(interrupt) or turn.conflict(interrupt)
+            if problem is not None:
+                return problem
+        if len({interrupt.seq for interrupt in self.interrupts}) < len(self.interrupts):
+            return "interrupt: two raised together share a seq"
+        if len({interrupt.interrupt_id for interrupt in self.interrupts}) < len(self.interrupts):
+            return "interrupt: two raised together share an id"
+        return None
+
+
+def _together(messages: list[object]) -> list[object]:
+    """``messages`` with each run of two or more interrupts made one ``Together``."""
+    grouped: list[object] = []
+    run: list[Interrupt] = []
+    for message in [*messages, None]:
+        if isinstance(message, Interrupt):
+            run.append(message)
+            continue
+        if run:
+            grouped.append(run[0] if len(run) == 1 else Together(run))
+            run = []
+        if message is not None:
+            grouped.append(message)
+    return grouped
 
 
 def _inbox_view(session: Session) -> dict[str, str]:

@@ -376,6 +376,30 @@ def test_several_pending_approvals_are_numbered(server, terminal) -> None:
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
+def test_approvals_raised_together_are_numbered_every_time(server, terminal) -> None:
+    """A message whose turn raises two approvals at once (one ``asyncio.gather``): the chat's
+    first prompt is "Approval 1 of 2" every time. The server used to show the turn
+    interrupted with only the first of them, and the chat then asked it without a number."""
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    for _ in range(12):
+        chat.expect_literal("> ")
+        chat.send("two")
+        first = chat.expect(r"\n(Approval 1 of 2\n\n)?The agent wants to run: ")
+        assert first.group(1), "the first approval was asked without its number"
+        chat.expect_literal("Approve? [y/N] ")
+        chat.send("y")
+        chat.expect_literal("Approval 2 of 2\n\nThe agent wants to run: ")
+        chat.expect_literal("Approve? [y/N] ")
+        chat.send("y")
+        chat.expect_literal(got([{"approved": True}, {"approved": True}]))
+    chat.expect_literal("> ")
+    chat.send("/quit")
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
 #: Every question the chat can be at when Ctrl-C comes: the message, what is typed at
 #: which prompt before it, the prompt itself, and the prompt that Enter brings back.
 PROMPTS = {

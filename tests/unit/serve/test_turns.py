@@ -1084,6 +1084,46 @@ def test_a_malformed_message_ends_the_turn_in_error_with_what_was_wrong(make_tur
     assert turns.messages(sid) == [MESSAGE] and handle in pool.stopped and slots_in_use(turns) == 0
 
 
+@pytest.mark.parametrize(
+    "together, why",
+    [
+        ([Interrupt(interrupt_id="i1", payload=APPROVAL, seq=1), Interrupt(interrupt_id="i1", payload=APPROVAL, seq=2)],
+         "Worker sent a malformed interrupt: two raised together share an id"),
+        ([Interrupt(interrupt_id="i1", payload=APPROVAL, seq=1), Interrupt(interrupt_id="i2", payload=APPROVAL, seq=1)],
+         "Worker sent a malformed interrupt: two raised together share a seq"),
+        ([Interrupt(interrupt_id="i1", payload=APPROVAL, seq=1), Interrupt(interrupt_id="i2", payload=5, seq=2)],  # type: ignore[arg-type]
+         "Worker sent a malformed interrupt: its payload is not a dict (int)"),
+    ],
+    ids=["same-id", "same-seq", "one-malformed"],
+)
+def test_interrupts_written_together_are_checked_against_each_other(make_turns: MakeTurns, together: list[Interrupt], why: str) -> None:
+    """Interrupts one read of the pipe held are applied as one (one save, one publish), before
+    any of them is in the turn's journal: two that would collide there are refused, and none
+    of them is shown."""
+    turns, pool = make_turns(max_workers=1)
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    turns.worker_messages(handle, together)
+    view = turns.get(sid)
+    assert (view.status, view.error, view.interrupts) == (ERROR, why, ())
+    assert handle in pool.stopped
+
+
+def test_interrupts_written_together_are_committed_and_shown_together(make_turns: MakeTurns) -> None:
+    """One save for both: the status event follows both interrupt events, so a client that
+    reacts to "interrupted" has both already."""
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    seen = turns.store.events_after(0, sid)[-1].seq if turns.store.events_after(0, sid) else 0
+    handle = pool.handle(sid)
+    turns.worker_messages(handle, [Interrupt(interrupt_id="a", payload=APPROVAL, seq=1), Interrupt(interrupt_id="b", payload=APPROVAL, seq=2)])
+    assert pending_ids(turns, sid) == ["a", "b"] and turns.get(sid).status is INTERRUPTED
+    kinds = [(event.kind, event.data.get("interrupt_id") or event.data.get("status")) for event in turns.store.events_after(seen, sid)]
+    assert kinds == [("interrupt", "a"), ("interrupt", "b"), ("status", "interrupted")], kinds
+
+
 def test_a_record_may_not_take_the_seq_of_an_interrupt(make_turns: MakeTurns) -> None:
     """A journal record written over a pending interrupt's seq would replace it in the
     journal (and the store's row): the interrupt would vanish without an answer."""

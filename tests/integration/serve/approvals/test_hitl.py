@@ -133,6 +133,19 @@ def test_two_concurrent_interrupts_resolve_in_any_order(server: Server) -> None:
     assert done["response"]["content"] == "first='A' second='B'"
 
 
+def test_the_interrupts_of_one_gather_are_seen_together(server: Server) -> None:
+    """The interrupts of one ``asyncio.gather`` are written by the worker in one go and
+    committed and published as one: the first long poll that sees the turn interrupted sees
+    both, every time (a client numbering them, "Approval 1 of 2", never sees the first alone,
+    on one server or on another instance than the one that ran the turn)."""
+    for _ in range(8):
+        session_id = start_turn(server, "two")
+        body = server.get(f"/sessions/{session_id}?wait=true&timeout=30").json()
+        assert body["status"] == "interrupted", body
+        assert sorted(item["payload"]["tool_name"] for item in body["interrupts"]) == ["a", "b"], body
+        assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
 def test_sequential_interrupts_in_one_turn(start_server) -> None:
     server = start_server("tests.agents:sequential", "--workers", "1")
     session_id = start_turn(server, "go")

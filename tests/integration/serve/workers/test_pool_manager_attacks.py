@@ -62,6 +62,10 @@ class Listener:
         if isinstance(message, (Result, Failure)):
             self._outcome(handle, message)
 
+    def worker_messages(self, handle: Handle, messages: list[object]) -> None:
+        for message in messages:
+            self.worker_message(handle, message)
+
     def worker_exited(self, handle: Handle) -> None:
         self._outcome(handle, "exited")
 

@@ -37,6 +37,7 @@ import anthropic
 import httpx2
 from anthropic import beta_tool
 
+from examples.offline import real_model
 from motus.anthropic import ToolRunner, requires_approval
 
 SAMPLES = {"groceries": "eggs, milk, bread\n", "ideas": "a motus plugin for the garden\n", "todo": "call the bank\n"}
@@ -112,8 +113,11 @@ def scripted(request: httpx2.Request) -> httpx2.Response:
     return httpx2.Response(200, json=_reply([{"type": "text", "text": "I can list your notes ('list') and delete them ('delete groceries', 'delete todo and ideas')."}]))
 
 
+MODEL = real_model("anthropic notes example", "ANTHROPIC_API_KEY", "claude-sonnet-4-5", "delete groceries and todo")
+
+
 def _client() -> anthropic.AsyncAnthropic:
-    if os.environ.get("ANTHROPIC_API_KEY") and os.environ.get("MOTUS_EXAMPLE_OFFLINE") != "1":
+    if MODEL is not None:
         return anthropic.AsyncAnthropic()
     offline = httpx2.AsyncClient(transport=httpx2.MockTransport(scripted))
     return anthropic.AsyncAnthropic(api_key="offline", base_url="http://scripted.invalid", http_client=offline)
@@ -121,7 +125,7 @@ def _client() -> anthropic.AsyncAnthropic:
 
 agent = ToolRunner(
     client=_client(),
-    model=os.environ.get("MOTUS_EXAMPLE_MODEL", "claude-sonnet-4-5"),
+    model=MODEL or "claude-sonnet-4-5",
     max_tokens=1024,
     system="You look after the user's notes. Use the tools; deleting needs the user's approval.",
     tools=[list_notes, delete_note],

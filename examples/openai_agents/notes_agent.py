@@ -32,6 +32,8 @@ from typing import Any
 from agents import Agent, Model, ModelResponse, Usage, function_tool
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
+from examples.offline import real_model
+
 SAMPLES = {"groceries": "eggs, milk, bread\n", "ideas": "a motus plugin for the garden\n", "todo": "call the bank\n"}
 
 
@@ -106,9 +108,7 @@ class ScriptedModel(Model):
 
 
 def _model() -> Any:
-    if os.environ.get("OPENAI_API_KEY") and os.environ.get("MOTUS_EXAMPLE_OFFLINE") != "1":
-        return os.environ.get("MOTUS_EXAMPLE_MODEL", "gpt-4.1-mini")
-    return ScriptedModel()
+    return real_model("openai-agents notes example", "OPENAI_API_KEY", "gpt-4.1-mini", "delete groceries and todo") or ScriptedModel()
 
 
 agent = Agent(

@@ -33,6 +33,8 @@ from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from examples.offline import real_model
+
 SAMPLES = {"groceries": "eggs, milk, bread\n", "ideas": "a motus plugin for the garden\n", "todo": "call the bank\n"}
 
 
@@ -70,9 +72,7 @@ def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 
 def _model() -> Any:
-    if os.environ.get("OPENAI_API_KEY") and os.environ.get("MOTUS_EXAMPLE_OFFLINE") != "1":
-        return os.environ.get("MOTUS_EXAMPLE_MODEL", "openai:gpt-4.1-mini")
-    return FunctionModel(scripted)
+    return real_model("pydantic-ai notes example", "OPENAI_API_KEY", "openai:gpt-4.1-mini", "delete groceries and todo") or FunctionModel(scripted)
 
 
 agent = Agent(

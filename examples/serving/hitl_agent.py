@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextvars
 import json
-import logging
 import os
 import re
 import stat
@@ -55,13 +54,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from examples.offline import real_model
 from motus.agent import ReActAgent
 from motus.models.base import ChatCompletion
 from motus.models.messages import ChatMessage, FunctionCall, ToolCall
 from motus.tools import tool
 from motus.tools.builtins.ask_user import ask_user_question
 
-log = logging.getLogger(__name__)
 
 #: True for a turn whose message asked for ``user_params["dry_run"]``: the file tools that
 #: change something check their arguments and then change nothing. A context variable, so
@@ -360,23 +359,13 @@ class FileAgent:
 
 def build_agent() -> FileAgent:
     """A real model when ``OPENROUTER_API_KEY`` is set (and not forced offline), else the scripted one."""
-    offline = os.environ.get("MOTUS_EXAMPLE_OFFLINE", "").strip() not in ("", "0")
-    if os.environ.get("OPENROUTER_API_KEY", "").strip() and not offline:
+    model = real_model("example agent", "OPENROUTER_API_KEY", "anthropic/claude-sonnet-4", "delete the old logs file")
+    if model is not None:
         from motus.models.openai_client import OpenRouterChatClient
 
-        model = os.environ.get("MOTUS_EXAMPLE_MODEL", "anthropic/claude-sonnet-4")
-        log.info("example agent: model %s through OpenRouter (OPENROUTER_API_KEY is set)", model)
         return FileAgent(
             ReActAgent(client=OpenRouterChatClient(), model_name=model, system_prompt=SYSTEM_PROMPT, tools=TOOLS, max_steps=12)
         )
-    why = "MOTUS_EXAMPLE_OFFLINE is set" if offline else "OPENROUTER_API_KEY is not set"
-    # Logged at import, which the server does once before it listens (in the process whose
-    # log you read); the processes that run turns import it again without a log handler.
-    log.info(
-        "example agent: using the offline scripted model because %s; it picks tools by keywords "
-        "(try 'delete the old logs file'). Set OPENROUTER_API_KEY for a real model.",
-        why,
-    )
     return FileAgent(
         ReActAgent(client=ScriptedFileModel(), model_name="scripted-file-model", system_prompt=SYSTEM_PROMPT, tools=TOOLS, max_steps=6)
     )

@@ -129,6 +129,8 @@ class Chat:
     #: A message was sent from this chat: the session holds a conversation worth keeping.
     sent: bool = field(default=False, init=False)
     deleted: bool = field(default=False, init=False)
+    #: The server refused the chat's key (401, 403): the session is left as it is, unmentioned.
+    refused: bool = field(default=False, init=False)
     #: The last turn seen is still in progress (paused on a person, or no longer waited for).
     unfinished: bool = field(default=False, init=False)
     _spinner: Spinner = field(init=False)
@@ -160,7 +162,9 @@ class Chat:
         except ClientError as exc:
             self._spinner.stop()
             self.console.note(f"Error: {describe_error(exc)}")
-            if isinstance(exc, NotFound) and self._gone():
+            if exc.status in (401, 403):
+                self.refused = True  # the key may not use it: nothing to say of keeping or rejoining it
+            elif isinstance(exc, NotFound) and self._gone():
                 self.deleted = True  # nothing is kept, so the chat offers no rejoin
                 self.console.note(
                     f"[info] session {visible(self.session_id)} no longer exists (deleted from elsewhere, or expired)"
@@ -413,7 +417,7 @@ class Chat:
         """Keep or delete the session as the chat ends (module doc), and say which."""
         try:
             sid = self.session_id
-            if sid is None or self.deleted:
+            if sid is None or self.deleted or self.refused:
                 return status
             ended = not self.unfinished
             if self.created and (not self.sent or (one_shot and ended and not self.keep)):

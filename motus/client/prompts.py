@@ -278,7 +278,10 @@ def describe_error(exc: ClientError) -> str:
         phrase = HTTPStatus(exc.status).phrase
     except ValueError:
         phrase = "HTTP error"
-    text = f"{exc.status} {phrase}: {visible(exc.detail)}"
+    detail = str(exc.detail)
+    if detail.lower().startswith(phrase.lower() + ":"):
+        detail = detail[len(phrase) + 1:].lstrip()  # "401 Unauthorized: Unauthorized: ..." said it twice
+    text = f"{exc.status} {phrase}: {visible(detail)}"
     if exc.status == 401:
         text += " (set --api-key or MOTUS_API_KEY)"
     return text

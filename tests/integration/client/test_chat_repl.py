@@ -585,6 +585,25 @@ def test_one_shot_without_a_terminal(server) -> None:
     assert session_ids(server) == before, "one-shot chats delete their sessions"
 
 
+def test_a_refused_key_is_said_once_and_no_rejoin_is_offered(start_server) -> None:
+    """A wrong or missing key: one error line, saying "Unauthorized" once, and nothing about
+    keeping or rejoining a session the key may not use."""
+    keyed = start_server(AGENT, "--api-key", "alice=SECRET1")
+    session_id = keyed.with_headers({"Authorization": "Bearer SECRET1"}).create_session()
+
+    def run(*args: str, key: str | None) -> Result:
+        env = {"MOTUS_API_KEY": key}
+        return CliRunner(env=env).invoke(main, ["serve", "chat", keyed.url, *args], input="hello\n", catch_exceptions=False)
+
+    for args, key, carried in [((), "WRONG", "a wrong"), (("--session", session_id), "WRONG", "a wrong"), (("--session", session_id), None, "no")]:
+        result = run(*args, key=key)
+        assert result.exit_code == 1, result.output
+        assert result.stderr == (
+            f"Error: 401 Unauthorized: this server requires an API key and the request carried {carried} API key; "
+            "send 'Authorization: Bearer <key>' (set --api-key or MOTUS_API_KEY)\n"
+        ), result.stderr
+
+
 def test_one_shot_answers_errors_and_exit_statuses(server) -> None:
     """In-process (CliRunner, so no terminal): every way a one-shot chat ends."""
 

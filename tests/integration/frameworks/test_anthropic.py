@@ -247,6 +247,7 @@ def test_the_example_asks_before_deleting_notes(start_server: Callable[..., Serv
     notes = tmp_path / "notes"  # missing: the example creates it with its sample notes
     env = {"MOTUS_EXAMPLE_DIR": str(notes), "MOTUS_EXAMPLE_OFFLINE": "1", "ANTHROPIC_API_KEY": ""}
     server = start_server("examples.anthropic.notes_agent:agent", env=env)
+    assert "using the offline scripted model because MOTUS_EXAMPLE_OFFLINE is set" in server.log()  # says so at start
     session_id = start_turn(server, "delete groceries and todo")
     [(groceries, first), (todo, second)] = approval(interrupted(server, session_id, count=2))
     assert first == {"type": "tool_approval", "tool_name": "delete_note", "tool_args": {"name": "groceries"}}

@@ -22,6 +22,7 @@ def test_the_example_asks_before_deleting_notes(start_server: Callable[..., Serv
     pytest.importorskip(package)
     notes = tmp_path / "notes"  # missing: the example creates it with its sample notes
     server = start_server(agent, env={"MOTUS_EXAMPLE_DIR": str(notes), "MOTUS_EXAMPLE_OFFLINE": "1", "OPENAI_API_KEY": ""})
+    assert "using the offline scripted model because MOTUS_EXAMPLE_OFFLINE is set" in server.log()  # says so at start
     session_id = start_turn(server, "delete groceries and todo")
     [(groceries, first), (todo, second)] = approval(interrupted(server, session_id, count=2))
     fixed = {"editable": False} if package == "agents" else {}  # the SDK cannot apply edited arguments

@@ -24,7 +24,6 @@ import logging
 import os
 import pickle
 import signal
-import struct
 import sys
 import threading
 import uuid
@@ -33,7 +32,7 @@ from typing import Any
 
 from motus.durable.journal import Journal, canonical_payload, current_parent, unpack
 from motus.durable.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
-from motus.durable.records import INTERRUPT, Ack, Interrupt, Record, Resume
+from motus.durable.records import INTERRUPT, Ack, Interrupt, Interrupts, Record, Resume
 
 __all__ = ["interrupt", "was_asked", "session_grants", "flush_stdio", "end_group", "MAX_INTERRUPT_BYTES", "EXIT_GRACE_SECONDS"]
 
@@ -63,8 +62,8 @@ class _Channel:
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._acks: dict[int, asyncio.Future[None]] = {}
         #: Interrupts raised in this pass of the loop, not yet sent (loop thread only): sent
-        #: together by ``_send_interrupts``.
-        self._outbox: list[tuple[str, bytes]] = []
+        #: together by ``_send_interrupts``, each with its pickled form.
+        self._outbox: list[tuple[Interrupt, bytes]] = []
         self._closed = False  # set on the loop thread once EOF is seen
         self.journal: Journal = Journal((), self)
         self._reader = threading.Thread(target=self._read_resumes, name="motus-resume-reader", daemon=True)
@@ -161,7 +160,7 @@ class _Channel:
         self._pending[message.interrupt_id] = future
         if not self._outbox:
             self._loop.call_soon(self._send_interrupts)
-        self._outbox.append((message.interrupt_id, data))
+        self._outbox.append((message, data))
         try:
             return await future
         finally:
@@ -169,18 +168,21 @@ class _Channel:
 
     def _send_interrupts(self) -> None:
         """On the loop, after every task that was ready with the first interrupt of this pass
-        has run: send the interrupts they raised (the branches of one ``asyncio.gather``)
-        in one write, so that the server takes them in one read and publishes them together:
-        a client is never shown the first of them alone, then the rest (``1 of 2``). A send
-        that fails fails each of them with ``EOFError``, as a closed pipe does."""
+        has run: send the interrupts they raised (the branches of one ``asyncio.gather``) as
+        one message (``Interrupts``), so that the server takes them whole and publishes them
+        together: a client is never shown the first of them alone, then the rest (``1 of
+        2``). A send that fails fails each of them with ``EOFError``, as a closed pipe does."""
         outbox, self._outbox = self._outbox, []
-        data = b"".join(_framed(message) for _, message in outbox)
+        if len(outbox) == 1:
+            data = outbox[0][1]
+        else:
+            data = pickle.dumps(Interrupts(tuple(message for message, _ in outbox)), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with self._send_lock:
-                _write_all(self._conn.fileno(), data)
+                self._conn.send_bytes(data)
         except OSError:
-            for interrupt_id, _ in outbox:
-                future = self._pending.get(interrupt_id)
+            for message, _ in outbox:
+                future = self._pending.get(message.interrupt_id)
                 if future is not None and not future.done():
                     future.set_exception(EOFError("Worker pipe closed"))
 
@@ -303,19 +305,6 @@ def _install(channel: _Channel | None) -> None:
     """Called by the worker runtime only."""
     global _channel
     _channel = channel
-
-
-def _framed(message: bytes) -> bytes:
-    """One message in ``multiprocessing``'s framing (a 4-byte big-endian length, then the
-    bytes), as ``Connection.send_bytes`` writes it: the server reads it with the same
-    framing (``motus.serve.pipes.Frames``). An interrupt is at most ``MAX_INTERRUPT_BYTES``."""
-    return struct.pack("!i", len(message)) + message
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 async def interrupt(payload: dict[str, Any], *, timeout: float | None = None, default: Any = None) -> Any:

@@ -98,6 +98,15 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
+class Interrupts:
+    """Worker -> server: the interrupts raised in one pass of the agent's event loop (the
+    branches of one ``asyncio.gather``), in one message, so the server takes them whole and
+    shows them together (a message of several frames could be read in parts)."""
+
+    interrupts: tuple[Interrupt, ...]
+
+
+@dataclass(frozen=True)
 class Record:
     """Worker -> server: store this journal record (insert, or complete the same ``seq``).
     With ``ack`` the worker waits for ``Ack(seq)``, sent once the record is committed."""
@@ -206,6 +215,18 @@ def _first_error(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def interrupts_problem(message: Interrupts) -> str | None:
+    """Why an ``Interrupts`` is not one a worker sends (its interrupts are checked one by one
+    where they are applied), or None."""
+    items = message.interrupts
+    if type(items) is not tuple or not items:
+        return f"interrupts: not a non-empty tuple ({type(items).__name__})"
+    stray = next((item for item in items if not isinstance(item, Interrupt)), None)
+    if stray is not None:
+        return f"interrupts: one is not an Interrupt ({type(stray).__name__})"
+    return None
+
+
 def message_problem(message: object) -> str | None:
     """Why a message read from a worker's pipe is not one a worker of ours sends (a process
     the agent wrote to itself), or None. Named by what it claims to be: "a malformed
@@ -221,6 +242,8 @@ def message_problem(message: object) -> str | None:
     if isinstance(message, Interrupt):
         problem = _interrupt_problem(message)
         return None if problem is None else f"interrupt: {problem}"
+    if isinstance(message, Interrupts):
+        return interrupts_problem(message)
     if isinstance(message, Record):
         problem = _record_problem(message)
         return None if problem is None else f"record: {problem}"

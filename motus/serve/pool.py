@@ -66,7 +66,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from motus.durable.interrupt import EXIT_GRACE_SECONDS
-from motus.durable.records import Failure, Job, Result
+from motus.durable.records import Failure, Interrupts, Job, Result, interrupts_problem
 from motus.serve.errors import ServerUnavailable
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.pipes import Frames, inline_job_limit, pickled_within, unpickle
@@ -611,6 +611,9 @@ class WorkerPool:
                 self._report_together(handle, together)
                 self._report_outcome(handle, message)
                 return open_
+            if isinstance(message, Interrupts) and interrupts_problem(message) is None:
+                together.extend(message.interrupts)  # one gather's, whole (a malformed one ends its turn)
+                continue
             together.append(message)
         self._report_together(handle, together)
         if not open_:

@@ -636,11 +636,11 @@ class Machine:
             self.metrics.interrupt_raised()
             if entry.expires_at is not None:
                 self.timers.schedule(entry.expires_at, "expire", turn, arg=entry.seq)
-            if webhook_wants(turn.webhook, "interrupted"):
-                after.ended.append(TurnEnd(
-                    session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
-                    messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
-                ))
+        if fresh and webhook_wants(turn.webhook, "interrupted"):  # one delivery for what came together
+            after.ended.append(TurnEnd(
+                session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
+                messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
+            ))
         if turn.state is TurnState.RESUMING:
             after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]
             turn.queued_values.clear()

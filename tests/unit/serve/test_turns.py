@@ -1134,3 +1134,70 @@ def test_a_record_may_not_take_the_seq_of_an_interrupt(make_turns: MakeTurns) ->
     view = turns.get(sid)
     assert (view.status, view.error) == (ERROR, "Worker sent a malformed record: its seq is the interrupt i1's")
     assert handle in pool.stopped
+
+
+def test_interrupts_written_together_leave_one_interrupted_webhook_listing_them_all(make_turns: MakeTurns) -> None:
+    """The interrupts of one ``asyncio.gather`` are published as one: a webhook that asked for
+    "interrupted" gets one delivery listing both, not one per interrupt with the same list
+    (a receiver that notifies a person per delivery would ask twice)."""
+    ends: list[TurnEnd] = []
+    turns, pool = make_turns(on_end=ends.append)
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE, {"url": "http://hook.test/", "events": ["interrupted"]})
+    turns.worker_messages(pool.handle(sid), [Interrupt(interrupt_id="a", payload=APPROVAL, seq=1), Interrupt(interrupt_id="b", payload=APPROVAL, seq=2)])
+    assert pending_ids(turns, sid) == ["a", "b"]
+    listed = [[i["interrupt_id"] for i in end.interrupts] for end in ends if end.status is INTERRUPTED]
+    assert listed == [["a", "b"]], listed
+
+
+def test_interrupts_written_together_wait_in_the_backlog_as_one_and_are_shown_together(make_turns: MakeTurns) -> None:
+    """The store refuses the gather's save: nothing is shown, both wait in the backlog as one,
+    and the retry commits and shows both (interrupt, interrupt, status)."""
+    store = FailingStore()
+    turns, pool = make_turns(max_workers=1, store=store)
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    seen = turns.store.events_after(0, sid)[-1].seq
+    store.failing = True
+    turns.worker_messages(handle, [Interrupt(interrupt_id="a", payload=APPROVAL, seq=1), Interrupt(interrupt_id="b", payload=APPROVAL, seq=2),
+                                   Record(JournalEntry(seq=3, kind=TOOL, key="t:{}", label="t"), ack=True)])
+    turn = turns._session(sid).turn
+    assert turn is not None and len(turn.backlog) == 2 and turns.get(sid).status is RUNNING and pending_ids(turns, sid) == []
+    store.failing = False
+    turns._retry_backlog(turn)
+    assert pending_ids(turns, sid) == ["a", "b"] and turns.get(sid).status is INTERRUPTED and not turn.backlog
+    kinds = [(event.kind, event.data.get("interrupt_id") or event.data.get("status")) for event in turns.store.events_after(seen, sid)]
+    assert kinds == [("interrupt", "a"), ("interrupt", "b"), ("status", "interrupted")], kinds
+    assert pool.sent_to(handle) == [Ack(3)]
+
+
+def test_an_interrupt_and_a_record_with_its_seq_in_one_read_end_the_turn(make_turns: MakeTurns) -> None:
+    """A forged read: an interrupt, then a record over the interrupt's seq. The interrupt is
+    applied first; the record would replace it, and is refused."""
+    turns, pool = make_turns(max_workers=1)
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    turns.worker_messages(handle, [Interrupt(interrupt_id="a", payload=APPROVAL, seq=1),
+                                   Record(JournalEntry(seq=1, kind=TOOL, key="t:{}", label="t", done=True, value=b"x"))])
+    view = turns.get(sid)
+    assert (view.status, view.error) == (ERROR, "Worker sent a malformed record: its seq is the interrupt a's")
+    assert handle in pool.stopped and slots_in_use(turns) == 0
+
+
+def test_interrupts_written_together_with_timeouts_each_expire_with_their_own_default(make_turns: MakeTurns) -> None:
+    """Each interrupt of a gather keeps its own expiry timer: both resolve by timeout, each
+    with its own default, each sent to the worker once."""
+    from tests.conftest import wait_until
+
+    turns, pool = make_turns()
+    sid = turns.create().session_id
+    turns.start_turn(sid, MESSAGE)
+    handle = pool.handle(sid)
+    turns.worker_messages(handle, [Interrupt(interrupt_id="a", payload=APPROVAL, seq=1, timeout=0.05, default="A"),
+                                   Interrupt(interrupt_id="b", payload=APPROVAL, seq=2, timeout=0.1, default="B")])
+    assert pending_ids(turns, sid) == ["a", "b"]
+    wait_until(lambda: len(pool.sent_to(handle)) == 2, timeout=10, what="both interrupts to expire")
+    assert sorted(pool.sent_to(handle), key=lambda r: r.interrupt_id) == [Resume("a", "A"), Resume("b", "B")]  # type: ignore[attr-defined]
+    assert turns.get(sid).status is RUNNING and pending_ids(turns, sid) == []

@@ -146,6 +146,47 @@ def test_the_interrupts_of_one_gather_are_seen_together(server: Server) -> None:
         assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
+@pytest.mark.parametrize("count, size", [(3, 15000), (8, 15000), (16, 15000)], ids=["3-large", "8-large", "16-large"])
+def test_the_large_interrupts_of_one_gather_are_seen_together(start_server, count: int, size: int) -> None:
+    """The interrupts of one gather are shown together however large they are (each within
+    the 16 KiB limit, all within --max-interrupts): the session's event log has every
+    interrupt event before its one "interrupted" status, and the first long poll that sees
+    the turn interrupted sees all of them."""
+    from tests.integration.serve.approvals.test_workflow import Stream
+
+    server = start_server("tests.agents.gather_attack:many_large", "--workers", "1")
+    session_id = start_turn(server, f"{count} {size}")
+    body = server.get(f"/sessions/{session_id}?wait=true&timeout=30").json()
+    while body["status"] == "running":
+        body = server.get(f"/sessions/{session_id}?wait=true&timeout=30").json()
+    assert body["status"] == "interrupted", body
+    shown_first = len(body["interrupts"])
+    stream = Stream(server, f"/sessions/{session_id}/events", last_id=0)
+    try:
+        kinds: list[str] = []
+        while kinds.count("interrupt") < count:
+            kinds.append(stream.next()["event"])
+    finally:
+        stream.close()
+    assert (shown_first, kinds[kinds.index("interrupt"):]) == (count, ["interrupt"] * count), kinds
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+def test_a_gather_whose_other_branch_raises_ends_the_turn_and_shows_no_interrupt(start_server) -> None:
+    """A branch raises before the other's interrupt is sent (it waits in the worker's outbox
+    until the loop's next pass): the turn ends in that error, with no interrupt left shown;
+    with ``return_exceptions=True`` the interrupt is sent, shown and answered."""
+    server = start_server("tests.agents.gather_attack:gather_raises", "--workers", "1")
+    for order in ("first", "last"):
+        session_id = start_turn(server, order)
+        body = server.wait_for_status(session_id, "error")
+        assert "ValueError: boom before its interrupt" in body["error"] and not body["interrupts"], body
+    session_id = start_turn(server, "kept")
+    [item] = interrupted(server, session_id)["interrupts"]
+    assert resume(server, session_id, item["interrupt_id"], "yes").status_code == 200
+    assert server.wait_for_status(session_id, "idle")["response"]["content"] == "'yes'"
+
+
 def test_sequential_interrupts_in_one_turn(start_server) -> None:
     server = start_server("tests.agents:sequential", "--workers", "1")
     session_id = start_turn(server, "go")
@@ -338,6 +379,20 @@ def sink() -> Iterator[WebhookSink]:
     sink = WebhookSink()
     yield sink
     sink.close()
+
+
+def test_the_interrupts_of_one_gather_make_one_interrupted_webhook(server: Server, sink: WebhookSink) -> None:
+    """Published as one, delivered as one: a gather of two approvals makes one "interrupted"
+    delivery listing both (not two identical ones), then the "idle" one."""
+    session_id = server.create_session()
+    server.send(session_id, "two", webhook={"url": sink.url, "events": ["interrupted", "idle"]})
+    items = interrupted(server, session_id, 2)["interrupts"]
+    for item, value in zip(items, ("A", "B")):
+        assert resume(server, session_id, item["interrupt_id"], value).status_code == 200
+    server.wait_for_status(session_id, "idle")
+    wait_until(lambda: any(call["body"]["status"] == "idle" for call in sink.calls), what="the idle delivery")
+    listed = [sorted(i["interrupt_id"] for i in call["body"]["interrupts"]) for call in sink.calls if call["body"]["status"] == "interrupted"]
+    assert listed == [sorted(item["interrupt_id"] for item in items)], listed
 
 
 def test_webhooks_fire_on_idle_and_error_not_on_interrupt(server: Server, sink: WebhookSink) -> None:

@@ -465,3 +465,40 @@ def test_sigterm_while_resumes_are_in_flight_takes_no_answer_back(start_server: 
             assert item["interrupt_id"] == ids[sid] or item["payload"]["n"] == 2, (sid, item)
     state = health(second)
     assert state["running_workers"] == 0 and state["live_turns"] + state["parked_turns"] == len(sessions), state
+
+
+@pytest.mark.parametrize("park_after", ["0", "never"])
+def test_kill_9_between_the_answers_of_one_gather_keeps_each_interrupt_once(
+    start_server: Callable[..., Server], tmp_path: Path, park_after: str
+) -> None:
+    """The two interrupts of one ``asyncio.gather`` (written and committed together): the first
+    is answered, the server is killed, and after a restart the second still waits under its
+    id, alone; the replay raises both again, together, and the session's event log still
+    shows each interrupt once, before a single "interrupted" status."""
+    from tests.integration.serve.approvals.test_workflow import Stream
+
+    sandbox = tmp_path / "sandbox"
+    args = ["--workers", "2", "--store", store_url(tmp_path / "s.db"), "--park-after", park_after]
+    first = start_server("tests.agents.durable:gather_now", *args, env=agent_env(sandbox))
+    sid = start_turn(first, "go")
+    pending = {i["payload"]["type"]: i for i in interrupted(first, sid, 2)["interrupts"]}
+    assert set(pending) == {"a", "b"}
+    assert resume_ok(first, sid, pending["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    [still] = interrupted(first, sid)["interrupts"]
+    assert still == pending["b"]
+    kill_server(first)
+
+    second = start_server("tests.agents.durable:gather_now", *args, env=agent_env(sandbox))
+    [after] = interrupted(second, sid)["interrupts"]
+    assert after == pending["b"]
+    assert resume_ok(second, sid, pending["b"]["interrupt_id"], "B")["status"] == "running"
+    assert wait_idle(second, sid)["response"]["content"] == "a='A' b='B'"
+    stream = Stream(second, f"/sessions/{sid}/events", last_id=0)
+    try:
+        events = stream.until("message")  # the turn's reply, after every interrupt of it
+    finally:
+        stream.close()
+    raised = [e["data"]["interrupt_id"] for e in events if e["event"] == "interrupt"]
+    assert sorted(raised) == sorted([pending["a"]["interrupt_id"], pending["b"]["interrupt_id"]]), events
+    kinds = [e["event"] for e in events if e["event"] in ("interrupt", "status")]
+    assert kinds[:5] == ["status", "status", "interrupt", "interrupt", "status"], kinds  # idle, running, a, b, interrupted

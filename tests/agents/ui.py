@@ -6,6 +6,7 @@
 - ``survey``: one ``user_input`` interrupt with two questions, a multiSelect one (one option
   carries ``markdown``) and a single-select one; replies ``answers=<the answers as JSON>``.
 - ``script``: replies with text that would run script if it were inserted as HTML.
+- ``editable``: a ``tool_approval`` with a few arguments; replies ``approval=<the answer as JSON>``.
 - ``fixed``: a ``tool_approval`` whose arguments cannot be edited (``"editable": false``, as
   an OpenAI Agents SDK tool's); replies ``approval=<the answer as JSON>``.
 - ``fail``: raises, so the turn ends in ``error`` with a traceback.
@@ -90,6 +91,9 @@ async def agent(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMes
     if word == "survey":
         value = await interrupt(SURVEY)
         return _reply(message, state, "answers=" + json.dumps(value.get("answers"), sort_keys=True))
+    if word == "editable":
+        value = await interrupt({"type": "tool_approval", "tool_name": "send_invoice", "tool_args": {"to": "ACME", "lines": [{"item": "widget", "qty": 3}, {"item": "gadget", "qty": 1}], "note": "net 30"}})
+        return _reply(message, state, "approval=" + json.dumps(value, sort_keys=True))
     if word == "fixed":
         value = await interrupt({"type": "tool_approval", "tool_name": "send_invoice", "tool_args": {"to": "ACME"}, "editable": False})
         return _reply(message, state, "approval=" + json.dumps(value, sort_keys=True))

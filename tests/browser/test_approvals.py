@@ -162,3 +162,34 @@ def test_reload_and_a_second_tab_show_the_same_pending_interrupt(open_chat, exam
     expect(other.cards()).to_have_count(0)
     expect(other.reply("Deleted old_logs.txt")).to_be_visible()
     wait_until(lambda: example_server.get(f"/sessions/{session_id}").json()["status"] == "idle", what="the turn to end")
+
+
+def _uncovered(page, locator) -> bool:
+    """Whether the element's centre is inside the viewport and the element itself (or a
+    child) is what a click there would reach: not scrolled away, not under the composer."""
+    return page.evaluate(
+        """(el) => {
+            const r = el.getBoundingClientRect();
+            const x = r.left + r.width / 2, y = r.top + r.height / 2;
+            if (y < 0 || y > window.innerHeight || x < 0 || x > window.innerWidth) return false;
+            const hit = document.elementFromPoint(x, y);
+            return hit === el || el.contains(hit);
+        }""",
+        locator.element_handle(),
+    )
+
+
+def test_after_edit_arguments_the_approve_button_is_not_under_the_message_box(open_chat, shared_ui_server):
+    """At 1280x900, opening the editor of a card at the bottom of the conversation leaves its
+    "Approve with these arguments" button where it can be clicked (issue 28, item 8)."""
+    chat = open_chat(shared_ui_server, 1280, 900).open()
+    for n in range(6):
+        chat.send(f"hello {n}")  # a conversation long enough that the card is at the bottom
+        expect(chat.reply(f"echo: hello {n}")).to_be_visible()
+    chat.send("editable")
+    card = chat.card("Approve this tool call?")
+    card.get_by_role("button", name="Edit arguments").click()
+    approve = card.get_by_role("button", name="Approve with these arguments")
+    expect(approve).to_be_visible()
+    wait_until(lambda: _uncovered(chat.page, approve), timeout=5, what="the button in view and uncovered")
+    chat.shot("edit-arguments-1280x900")

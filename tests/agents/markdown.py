@@ -18,6 +18,11 @@ MARKDOWN = """Here is **the plan** for *today*, with `rm -i` and a snake_case_na
 print("<b>hi</b>")
 ```
 
+| file | size | action |
+|:-----|-----:|:------:|
+| old_logs.txt | 12 KB | **delete** |
+| a\\|b.txt | 3 KB | keep |
+
 <script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">"""
 
 

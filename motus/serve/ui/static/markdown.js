@@ -1,6 +1,7 @@
 // A small Markdown renderer that builds DOM nodes itself: the agent's text is never parsed
 // as HTML. Paragraphs, line breaks, headings (shown as strong lines), emphasis, strong,
-// code spans, fenced code blocks, bulleted and numbered lists, block quotes and links.
+// code spans, fenced code blocks, bulleted and numbered lists, block quotes, links and
+// tables (a header row, a delimiter row such as |---|:--:|, then body rows).
 // A link is a link only when its address is http(s); any other address stays text.
 
 import { el } from "./dom.js";
@@ -10,6 +11,7 @@ const BULLET = /^\s{0,3}[-*+]\s+(.*)$/;
 const NUMBERED = /^\s{0,3}(\d{1,9})[.)]\s+(.*)$/;
 const HEADING = /^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
 const QUOTE = /^\s{0,3}>\s?(.*)$/;
+const TABLE_DELIMITER = /^\s{0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 
 /** Markdown text as a DocumentFragment of safe nodes. */
 export function renderMarkdown(text) {
@@ -40,6 +42,25 @@ function blocks(lines) {
       out.push(el("p", { class: `md-heading md-h${heading[1].length}` }, el("strong", {}, inline(heading[2]))));
       i += 1;
       continue;
+    }
+    if (line.includes("|") && i + 1 < lines.length && TABLE_DELIMITER.test(lines[i + 1]) && lines[i + 1].includes("-")) {
+      const header = cells(line);
+      const aligns = cells(lines[i + 1]).map((cell) => (cell.startsWith(":") && cell.endsWith(":") ? "center" : cell.endsWith(":") ? "right" : cell.startsWith(":") ? "left" : ""));
+      if (aligns.length === header.length) {
+        i += 2;
+        const rows = [];
+        while (i < lines.length && lines[i].trim() && lines[i].includes("|")) rows.push(cells(lines[i++]));
+        const cell = (tag, text, n) => {
+          const node = el(tag, {}, inline(text));
+          if (aligns[n]) node.style.textAlign = aligns[n];
+          return node;
+        };
+        out.push(el("div", { class: "md-table" }, el("table", {},
+          el("thead", {}, el("tr", {}, header.map((text, n) => cell("th", text, n)))),
+          el("tbody", {}, rows.map((row) => el("tr", {}, header.map((_, n) => cell("td", row[n] ?? "", n))))),
+        )));
+        continue;
+      }
     }
     if (QUOTE.test(line)) {
       const body = [];
@@ -82,6 +103,14 @@ function blocks(lines) {
     out.push(el("p", {}, inlineLines(para)));
   }
   return out;
+}
+
+/** The cells of a table row: split on "|" (not "\\|"), the outer pipes dropped, trimmed. */
+function cells(line) {
+  let row = line.trim();
+  if (row.startsWith("|")) row = row.slice(1);
+  if (row.endsWith("|") && !row.endsWith("\\|")) row = row.slice(0, -1);
+  return row.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
 }
 
 /** Lines of one block: inline Markdown, joined by line breaks. */

@@ -193,3 +193,31 @@ def test_after_edit_arguments_the_approve_button_is_not_under_the_message_box(op
     expect(approve).to_be_visible()
     wait_until(lambda: _uncovered(chat.page, approve), timeout=5, what="the button in view and uncovered")
     chat.shot("edit-arguments-1280x900")
+
+
+def test_the_audit_panel_shows_its_records_without_cutting_them(open_chat, shared_ui_server):
+    """At 1280x900 the session's audit panel gives its records room (issue 28, item 8: it was a
+    130 px box that cut them): with several decisions it is taller than that, and what it
+    cannot show at once it scrolls, never clips."""
+    chat = open_chat(shared_ui_server, 1280, 900).open()
+    for n in range(4):
+        chat.send("editable")
+        card = chat.card("Approve this tool call?")
+        if n % 2:
+            card.get_by_label(REASON).fill(f"not now {n}")
+        card.get_by_role("button", name="Reject" if n % 2 else "Approve", exact=True).click()
+        expect(chat.cards()).to_have_count(0)
+    chat.page.get_by_role("button", name="Audit").click()
+    panel = chat.page.locator("#audit-view")
+    expect(panel.locator("#audit-list > li")).to_have_count(4)
+    box = panel.bounding_box()
+    assert box is not None and box["height"] > 200, box
+    clipped = chat.page.evaluate(
+        """() => {
+            const panel = document.getElementById("audit-view");
+            const style = getComputedStyle(panel);
+            return panel.scrollHeight > panel.clientHeight + 1 && style.overflowY !== "auto" && style.overflowY !== "scroll";
+        }"""
+    )
+    assert not clipped, "the audit panel cuts its content"
+    chat.shot("audit-panel-1280x900")

@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 def register(group: click.Group) -> None:
     """Add the client commands to the ``motus serve`` group."""
-    for command in (chat, health, create, sessions, get, delete, messages, send, inbox):
+    for command in (chat, health, create, sessions, get, delete, messages, send, inbox, resume):
         group.add_command(command)
 
 
@@ -234,7 +234,7 @@ def chat(url: str, message: str | None, session_id: str | None, keep: bool, para
 
 @click.command()
 @click.argument("url")
-@click.option("--type", "kind", default=None, metavar="TYPE", help="Only interrupts of this type (tool_approval, ask_user_question, ...).")
+@click.option("--type", "kind", default=None, metavar="TYPE", help="Only interrupts of this type: tool_approval (a gated tool), user_input (ask_user_question), or a type an agent gave interrupt().")
 @click.option("--wait", is_flag=True, help="Long poll: return as soon as something is pending.")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0), help="How long --wait waits (s).")
 @_json_option
@@ -252,8 +252,17 @@ def inbox(url: str, kind: str | None, wait: bool, timeout: float, as_json: bool,
     )
 
 
+#: What ``motus serve inbox`` ends with: how to answer one of the items it listed.
+ANSWER_HINT = (
+    "Answer one with: motus serve resume URL SESSION INTERRUPT VALUE, where VALUE is JSON: "
+    """'{"approved": true}' or '{"approved": false, "reason": "..."}' for tool_approval, """
+    """'{"answers": {"<question>": "<label>"}}' for user_input; or open the session in the """
+    "chat: motus serve chat URL --session SESSION"
+)
+
+
 def format_inbox(items: list[Any]) -> str:
-    """One block per pending interrupt: what it asks, where, since when."""
+    """One block per pending interrupt: what it asks, where, since when; then how to answer."""
     if not items:
         return "Nothing is waiting on a person."
     blocks = []
@@ -270,7 +279,33 @@ def format_inbox(items: list[Any]) -> str:
             f"[{visible(item.type)}] {what}\n  session {visible(item.session_id)}  interrupt {visible(item.interrupt_id)}"
             f"\n  since {visible(item.created_at)}{expires}"
         )
-    return "\n".join(blocks)
+    return "\n".join([*blocks, "", ANSWER_HINT])
+
+
+@click.command()
+@click.argument("url")
+@click.argument("session_id", metavar="SESSION")
+@click.argument("interrupt_id", metavar="INTERRUPT")
+@click.argument("value", metavar="VALUE")
+@_json_option
+@_common
+@_handle_errors
+def resume(url: str, session_id: str, interrupt_id: str, value: str, as_json: bool, api_key: str | None) -> None:
+    """Answer a pending interrupt with VALUE (JSON), as listed by `motus serve inbox`.
+
+    A tool approval: '{"approved": true}', or '{"approved": false, "reason": "..."}'. An
+    interrupt someone already answered is refused (exit 1), naming who answered it and when.
+    """
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({visible(exc)}); quote it for the shell, e.g. '{{\"approved\": true}}'", param_hint="VALUE") from None
+    with Client(url, api_key=api_key) as client:
+        accepted = client.resume(session_id, interrupt_id, parsed)
+    if as_json:
+        _print_json(accepted.model_dump(mode="json"))
+    else:
+        click.echo(f"Answered; session {visible(accepted.session_id)} is {visible(accepted.status)}.")
 
 
 @click.command()

@@ -144,6 +144,27 @@ def test_interrupts_errors_and_waiting(server: Server, tmp_path: Path) -> None:
     ok("delete", server.url, session_id)
 
 
+def test_the_inbox_says_how_to_answer_and_resume_answers(server: Server) -> None:
+    """``motus serve inbox`` ends with how to answer what it lists; ``motus serve resume``
+    answers one; a second answer is refused naming when the first came; VALUE must be JSON.
+    The inbox's help names the real types (user_input, not ask_user_question)."""
+    assert "user_input (ask_user_question)" in ok("inbox", "--help").stdout
+    session_id = ok("create", server.url).stdout.strip()
+    ok("send", server.url, session_id, "approve", "--wait")
+    listed = ok("inbox", server.url, "--type", "tool_approval").stdout
+    [interrupt_id] = [item["interrupt_id"] for item in json.loads(ok("inbox", server.url, "--json").stdout) if item["session_id"] == session_id]
+    assert f"session {session_id}  interrupt {interrupt_id}" in listed
+    assert listed.rstrip().endswith("or open the session in the chat: motus serve chat URL --session SESSION"), listed
+    assert "motus serve resume URL SESSION INTERRUPT VALUE" in listed
+
+    assert "not JSON" in failed("resume", server.url, session_id, interrupt_id, "{approved: true}", code=2)
+    assert ok("resume", server.url, session_id, interrupt_id, '{"approved": true}').stdout == f"Answered; session {session_id} is running.\n"
+    assert "status: idle" in ok("get", server.url, session_id, "--wait", "--timeout", "20").stdout
+    late = failed("resume", server.url, session_id, interrupt_id, '{"approved": false}')
+    assert late.startswith("Error: 404 Not Found: ") and "it was already resumed at 20" in late, late
+    ok("delete", server.url, session_id)
+
+
 def test_webhook_options(server: Server) -> None:
     session_id = ok("create", server.url).stdout.strip()
     with StubServer() as hook:

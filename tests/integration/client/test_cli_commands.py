@@ -185,7 +185,8 @@ def test_usage_errors(server: Server) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["health"], ["create"], ["sessions"], ["get", "ID"], ["get", "ID", "--wait"], ["delete", "ID"], ["messages", "ID"], ["send", "ID", "hi"]],
+    [["health"], ["create"], ["sessions"], ["get", "ID"], ["get", "ID", "--wait"], ["delete", "ID"], ["messages", "ID"], ["send", "ID", "hi"],
+     ["resume", "ID", "INTERRUPT", "{}"]],
 )
 def test_server_not_there(args: list[str]) -> None:
     with refused_url() as url:

@@ -28,6 +28,19 @@ export function renderInterrupts(session) {
   }
   for (const id of [...view.cards.keys()]) if (!live.has(id)) removeCard(id);
   section.hidden = view.cards.size === 0;
+  // In the order the server lists them (the order they were raised), whatever order their
+  // events and reads arrived in: "1 of 2" is the first one raised, here as in the terminal.
+  const order = pending.map((interrupt) => interrupt && view.cards.get(interrupt.interrupt_id)).filter(Boolean);
+  const shown = [...view.cards.values()];
+  if (order.length === shown.length && order.some((card, index) => card !== shown[index])) {
+    const focused = document.activeElement;
+    for (const card of order) {
+      view.cards.delete(card.dataset.interruptId);
+      view.cards.set(card.dataset.interruptId, card);
+      section.append(card);
+    }
+    if (focused && focused !== document.activeElement && section.contains(focused)) focused.focus({ preventScroll: true });
+  }
   numberCards([...view.cards.values()]);
   if (added.length) {
     announce(added.length === 1 ? "The agent is waiting for your answer." : `The agent is waiting for ${added.length} answers.`);

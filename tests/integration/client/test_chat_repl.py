@@ -104,6 +104,25 @@ def kept(chat: Terminal, server: Server, session_id: str) -> None:
     assert exists(server, session_id)
 
 
+def quit_keeping(chat: Terminal, server: Server, session_id: str) -> None:
+    """At the prompt, ``/quit``: the chat says the session is kept (``kept``) and exits 0."""
+    chat.expect_literal("> ")
+    chat.send("/quit")
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+
+
+def approve_the_pair(chat: Terminal) -> None:
+    """At the first of two approvals raised together (its prompt next): approve both; the
+    second is numbered "2 of 2", and the agent got both answers."""
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("y")
+    chat.expect_literal("Approval 2 of 2\n\nThe agent wants to run: ")
+    chat.expect_literal("Approve? [y/N] ")
+    chat.send("y")
+    chat.expect_literal(got([{"approved": True}, {"approved": True}]))
+
+
 #: Readline keys, as a terminal sends them: erase the character before the cursor.
 BACKSPACE = "\x7f"
 
@@ -157,10 +176,7 @@ def test_approve_reject_with_reason_and_edit_arguments(server, terminal) -> None
     chat.send("\x10")  # Ctrl-P (the up arrow): the previous line, sent again
     chat.expect_literal(got({"content": "echo this", "user_params": None}))
 
-    chat.expect_literal("> ")
-    chat.send("/quit")
-    kept(chat, server, session_id)
-    assert chat.wait_exit() == 0
+    quit_keeping(chat, server, session_id)
     assert b"| working" in chat.raw, "the spinner never showed on the terminal"
     assert "Traceback" not in chat.text()
     assert server.delete(f"/sessions/{session_id}").status_code == 204
@@ -182,10 +198,7 @@ def test_an_answer_given_after_someone_else_answered_is_told_it_did_not_count(se
     late = chat.expect(r"\[info\] your answer did not count: [^\n]*it was already resumed at (\S+)\)?\s*\n")
     assert late.group(1).startswith("20"), late.group(0)
     chat.expect_literal(got({"approved": False, "reason": "bob: no"}))
-    chat.expect_literal("> ")
-    chat.send("/quit")
-    kept(chat, server, session_id)
-    assert chat.wait_exit() == 0
+    quit_keeping(chat, server, session_id)
     assert "Traceback" not in chat.text()
 
 
@@ -203,10 +216,7 @@ def test_an_approval_whose_arguments_cannot_be_edited_offers_no_edit(server, ter
     chat.expect_literal("Approve? [y/N] ")
     chat.send("y")
     chat.expect_literal(got({"approved": True}))
-    chat.expect_literal("> ")
-    chat.send("/quit")
-    kept(chat, server, session_id)
-    assert chat.wait_exit() == 0
+    quit_keeping(chat, server, session_id)
     assert "e = edit" not in chat.text()
 
 
@@ -347,10 +357,7 @@ def test_custom_interrupt_answered_with_plain_text_and_two_pending_interrupts(se
     chat.expect_literal(got(None))
     chat.expect_literal(got({"content": "hello", "user_params": None}))
 
-    chat.expect_literal("> ")
-    chat.send("/quit")
-    kept(chat, server, session_id)
-    assert chat.wait_exit() == 0
+    quit_keeping(chat, server, session_id)
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
@@ -363,16 +370,8 @@ def test_several_pending_approvals_are_numbered(server, terminal) -> None:
     chat = terminal(server.url, "--session", session_id)
     chat.expect_literal("[info] finishing the turn in progress first")
     chat.expect_literal("Approval 1 of 2\n\nThe agent wants to run: ")
-    chat.expect_literal("Approve? [y/N] ")
-    chat.send("y")
-    chat.expect_literal("Approval 2 of 2\n\nThe agent wants to run: ")
-    chat.expect_literal("Approve? [y/N] ")
-    chat.send("y")
-    chat.expect_literal(got([{"approved": True}, {"approved": True}]))
-    chat.expect_literal("> ")
-    chat.send("/quit")
-    kept(chat, server, session_id)
-    assert chat.wait_exit() == 0
+    approve_the_pair(chat)
+    quit_keeping(chat, server, session_id)
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
@@ -387,16 +386,8 @@ def test_approvals_raised_together_are_numbered_every_time(server, terminal) -> 
         chat.send("two")
         first = chat.expect(r"\n(Approval 1 of 2\n\n)?The agent wants to run: ")
         assert first.group(1), "the first approval was asked without its number"
-        chat.expect_literal("Approve? [y/N] ")
-        chat.send("y")
-        chat.expect_literal("Approval 2 of 2\n\nThe agent wants to run: ")
-        chat.expect_literal("Approve? [y/N] ")
-        chat.send("y")
-        chat.expect_literal(got([{"approved": True}, {"approved": True}]))
-    chat.expect_literal("> ")
-    chat.send("/quit")
-    kept(chat, server, session_id)
-    assert chat.wait_exit() == 0
+        approve_the_pair(chat)
+    quit_keeping(chat, server, session_id)
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 

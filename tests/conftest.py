@@ -166,6 +166,9 @@ class Server:
     def delete(self, path: str, **kwargs: object) -> requests.Response:
         return requests.delete(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
+    def patch(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.patch(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+
     def create_session(self) -> str:
         response = self.post("/sessions", json={})
         assert response.status_code == 201, response.text
@@ -256,6 +259,9 @@ class Instances(Server):
 
     def delete(self, path: str, **kwargs: object) -> requests.Response:
         return requests.delete(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+
+    def patch(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.patch(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
     def log(self) -> str:
         return "\n".join(path.read_text(errors="replace") for path in (self.log_path, *(o.log_path for o in self.others)))

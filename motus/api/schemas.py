@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
+from motus.api.titles import title_problem
 from motus.api.webhook_urls import MAX_URL_LENGTH, check_token, check_url
 from motus.models import ChatMessage
 
@@ -25,11 +26,13 @@ __all__ = [
     "ErrorResponse",
     "Grant",
     "HealthResponse",
+    "InboxContext",
     "InboxItem",
     "InterruptInfo",
     "MessageAccepted",
     "ResumeAccepted",
     "ResumeRequest",
+    "RetitleRequest",
     "SendMessageRequest",
     "SessionResponse",
     "SessionSummary",
@@ -67,10 +70,30 @@ class Webhook(BaseModel):
         return value
 
 
+def _checked_title(value: str | None) -> str | None:
+    problem = None if value is None else title_problem(value)
+    if problem:
+        raise ValueError(f"the title {problem}")
+    return value
+
+
 class CreateSessionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     state: list[ChatMessage] | None = None
+    title: str | None = Field(
+        default=None, description="What people see for the session (beyond the guide); by default its first user message, shortened."
+    )
+
+    _title = field_validator("title")(_checked_title)
+
+
+class RetitleRequest(BaseModel):
+    """``PATCH /sessions/{id}``: a new title for the session."""
+
+    title: str
+
+    _title = field_validator("title")(_checked_title)
 
 
 class SendMessageRequest(ChatMessage):
@@ -106,10 +129,26 @@ class InterruptInfo(BaseModel):
         return data
 
 
+class InboxContext(BaseModel):
+    """Why an inbox item asks: enough to decide without opening the session."""
+
+    session_title: str | None = Field(default=None, description="The session's title.")
+    message: str | None = Field(default=None, description="The text of the user message that started the waiting turn.")
+    sent_by: str | None = Field(default=None, description="The name of the API key that sent that message.")
+    sent_at: str | None = Field(default=None, description="When that message started the turn (ISO 8601, UTC).")
+    agent_text: str | None = Field(
+        default=None, description="What the agent said in this turn before it asked (its model replies' text)."
+    )
+
+
 class InboxItem(InterruptInfo):
-    """A pending interrupt in the inbox (``GET /interrupts``), with its session."""
+    """A pending interrupt in the inbox (``GET /interrupts``), with its session and the
+    context of its turn; ``position`` and ``of`` number it among its session's items."""
 
     session_id: str
+    context: InboxContext = Field(default_factory=InboxContext)
+    position: int = 1
+    of: int = 1
 
 
 class Grant(BaseModel):
@@ -156,6 +195,7 @@ class SessionSummary(BaseModel):
     session_id: str
     total_messages: int
     status: StatusName
+    title: str | None = Field(default=None, description="Only with ?titles=true (beyond the guide).")
 
 
 class MessageAccepted(BaseModel):

@@ -21,6 +21,7 @@ import logging
 import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -37,18 +38,20 @@ from motus.api.schemas import (
     AuditEntry,
     CreateSessionRequest,
     Grant,
+    InboxContext,
     InboxItem,
     HealthResponse,
     InterruptInfo,
     MessageAccepted,
     ResumeAccepted,
     ResumeRequest,
+    RetitleRequest,
     SendMessageRequest,
     SessionResponse,
     SessionSummary,
 )
 from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, TooManyWaiters, Unauthorized, Unprocessable
-from motus.serve.live import describe_turn
+from motus.serve.live import describe_turn, message_text
 from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
 from motus.serve.turns import SessionStatus, SessionView
@@ -244,13 +247,17 @@ def _message_body() -> tuple[dict[str, Any], dict[str, Any] | None]:
     return message, webhook
 
 
-def _state_body() -> list[dict[str, Any]]:
-    """The ``state`` of a create request (``CreateSessionRequest``), each message checked
-    and normalized in place, one model at a time: a model per message, all at once, would
-    cost about 35 times the body (a state of 10,000 ``{"content": ""}``)."""
+def _create_body() -> tuple[list[dict[str, Any]], str | None]:
+    """The ``state`` and ``title`` of a create request (``CreateSessionRequest``), each
+    message checked and normalized in place, one model at a time: a model per message, all
+    at once, would cost about 35 times the body (a state of 10,000 ``{"content": ""}``)."""
     data = _json_object(allow_empty=True)
     state = data.pop("state", None)
-    _validated(CreateSessionRequest, data)  # the rest of the body
+    title = _validated(CreateSessionRequest, data).title  # the rest of the body
+    return _state_of(state), title
+
+
+def _state_of(state: Any) -> list[dict[str, Any]]:
     if state is None:
         return []
     if not isinstance(state, list):
@@ -365,7 +372,7 @@ def openapi() -> Response:
 
 @api.post("/sessions")
 def create_session() -> Response:
-    return _create(None, _state_body())
+    return _create(None, *_create_body())
 
 
 @api.put("/sessions/<session_id>")
@@ -382,21 +389,34 @@ def put_session(session_id: str) -> Response:
     except ValueError:
         shown = session_id if len(session_id) <= 80 else session_id[:77] + "..."
         raise BadRequest(f"Session ID must be a valid UUID (like {uuid.uuid4()}), got {shown!r}") from None
-    return _create(session_id, _state_body())
+    return _create(session_id, *_create_body())
 
 
-def _create(session_id: str | None, state: list[dict[str, Any]]) -> Response:
-    view = _server().turns.create(session_id=session_id, state=state)
+def _create(session_id: str | None, state: list[dict[str, Any]], title: str | None) -> Response:
+    view = _server().turns.create(session_id=session_id, state=state, title=title)
     return _json(_session_response(view), 201, {"Location": f"/sessions/{view.session_id}"})
+
+
+@api.patch("/sessions/<session_id>")
+def retitle_session(session_id: str) -> Response:
+    """Set the session's title (beyond the guide); 200 with the session's summary."""
+    _server().turns.get(session_id)  # 404 for an unknown session before judging the body
+    body = _body(RetitleRequest)
+    _server().turns.retitle(session_id, body.title, by=g.caller.name)
+    return jsonify(_session_row(_server().turns.summary(session_id), titles=True))
 
 
 @api.get("/sessions")
 def list_sessions() -> Response:
-    summaries = [
-        SessionSummary(session_id=item.session_id, total_messages=item.total_messages, status=item.status)
-        for item in _server().turns.list()
-    ]
-    return jsonify([summary.model_dump(mode="json") for summary in summaries])
+    """The guide's rows; each with its ``title`` too with ``?titles=true`` (beyond the guide:
+    the default answer stays the reference's exactly)."""
+    titles = _flag("titles")
+    return jsonify([_session_row(item, titles) for item in _server().turns.list()])
+
+
+def _session_row(item: Any, titles: bool) -> dict[str, Any]:
+    summary = SessionSummary(session_id=item.session_id, total_messages=item.total_messages, status=item.status, title=item.title)
+    return summary.model_dump(mode="json", exclude=None if titles else {"title"})
 
 
 #: Seconds a client refused a long-poll slot is asked to wait before it tries again.
@@ -479,7 +499,7 @@ def send_message(session_id: str) -> Response:
         why = _server().webhooks.never_deliverable(webhook["url"])
         if why is not None:  # refused now, not only in a log line at the end of the turn
             raise BadRequest(f"Invalid request body: webhook.url: {why}")
-    _server().send_message(session_id, message, webhook)
+    _server().send_message(session_id, message, webhook, by=g.caller.name)
     return _json(
         MessageAccepted(session_id=session_id, status="running"), 202, {"Location": f"/sessions/{session_id}"}
     )
@@ -513,13 +533,21 @@ def inbox() -> Response:
             found = turns.wait_inbox(kind, timeout)
     else:
         found = turns.inbox(kind)
-    items = [
-        InboxItem(
-            session_id=session_id, interrupt_id=item.interrupt_id, type=item.type, payload=item.payload,
+    counts = Counter(entry.session_id for entry in found)
+    seen: Counter[str] = Counter()
+    items = []
+    for entry in found:
+        item, context = entry.item, entry.context
+        seen[entry.session_id] += 1
+        items.append(InboxItem(
+            session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=item.payload,
             created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
-        ).model_dump(mode="json")
-        for session_id, item in found
-    ]
+            context=InboxContext(
+                session_title=context.title, message=message_text(context.message), sent_by=context.by,
+                sent_at=isoformat(context.started_at), agent_text=context.agent_text,
+            ),
+            position=seen[entry.session_id], of=counts[entry.session_id],
+        ).model_dump(mode="json"))
     return jsonify(items)
 
 

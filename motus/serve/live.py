@@ -139,6 +139,33 @@ def _finished_step(entry: JournalEntry) -> dict[str, Any]:
     return step
 
 
+def agent_text(replies: Iterable[JournalEntry]) -> str | None:
+    """What the agent said so far in a turn: the text of its finished model records, in
+    order, a blank line between replies; None when it said nothing. A long text keeps its
+    end, where the words that led to the pending question are."""
+    texts = []
+    for entry in sorted(replies, key=lambda e: e.seq):
+        if entry.kind != MODEL or not entry.done:
+            continue
+        text = describe_step(entry, _no_time).get("text")
+        if isinstance(text, str) and text.strip():
+            texts.append(text.strip())
+    if not texts:
+        return None
+    joined = "\n\n".join(texts)
+    return joined if len(joined) <= MAX_TEXT else f"({len(joined) - MAX_TEXT} characters before) ..." + joined[-MAX_TEXT:]
+
+
+def message_text(message: Any) -> str | None:
+    """The text of a chat message (its ``content``), cut to ``MAX_TEXT``; None without one."""
+    content = message.get("content") if isinstance(message, dict) else None
+    return _cut(content) if isinstance(content, str) else None
+
+
+def _no_time(_at: Any) -> None:
+    return None
+
+
 def describe_turn(
     turn_id: int, message: dict[str, Any], journal: Iterable[JournalEntry], isoformat: Any, started_at: float | None = None
 ) -> dict[str, Any]:

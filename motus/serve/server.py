@@ -310,9 +310,11 @@ class AgentServer:
             "open_streams": self.streams.open,
         }
 
-    def send_message(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None) -> None:
+    def send_message(
+        self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None, by: str | None = None
+    ) -> None:
         self.start()
-        self.turns.start_turn(session_id, message, webhook)
+        self.turns.start_turn(session_id, message, webhook, by=by)
 
     def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = "anonymous") -> SessionStatus:
         self.start()

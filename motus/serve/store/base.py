@@ -32,7 +32,8 @@ from motus.durable.records import JournalEntry
 #: records, a session's grants, and an interrupt's creation time, expiry and default. 3
 #: keeps a session's history as a row a message (``messages`` / ``motus_messages``), so a
 #: turn writes only what it changed; the ``state`` column of earlier versions holds ``''``.
-SCHEMA_VERSION = 3
+#: 4 adds a session's title (``sessions.title``, NULL in rows written before it).
+SCHEMA_VERSION = 4
 
 #: How many events a store keeps for clients that reconnect (``Last-Event-ID``); older ones
 #: are pruned, and a client asking for them is told to reload (a ``reset`` event).
@@ -64,6 +65,8 @@ class TurnRecord:
     #: The session's grants when the turn started: a replay must see the same ones.
     grants: tuple[str, ...] = ()
     started_at: float | None = None  # wall clock
+    #: The name of the API key that sent the turn's message (None before version 4).
+    by: str | None = None
 
 
 def dump_json(value: Any) -> str | None:
@@ -81,7 +84,7 @@ def turn_json(turn: TurnRecord | None) -> str | None:
     if turn is None:
         return None
     return dump_json({"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline,
-                      "grants": list(turn.grants), "started_at": turn.started_at})
+                      "grants": list(turn.grants), "started_at": turn.started_at, "by": turn.by})
 
 
 #: A journal row's columns, as both schemas name them, in the order ``stored_entry`` reads them.
@@ -109,8 +112,8 @@ def stored_session(
     columns: Sequence[Any], journal: list[JournalEntry], history: Sequence[str], version: int = 0, owner: str | None = None
 ) -> SessionRecord:
     """A session read back: ``columns`` are its row's session_id, status, response, error,
-    turn_id, touched, turn and grants as stored; ``history`` its messages' JSON, in order."""
-    session_id, status, response, error, turn_id, touched, turn, grants = columns
+    turn_id, touched, turn, grants and title as stored; ``history`` its messages' JSON, in order."""
+    session_id, status, response, error, turn_id, touched, turn, grants, title = columns
     return SessionRecord(
         session_id=session_id,
         status=status,
@@ -121,9 +124,25 @@ def stored_session(
         touched=touched,
         turn=turn_from_json(turn_id, turn, journal),
         grants=load_json(grants) or {},
+        title=title,
         version=version,
         owner=owner,
     )
+
+
+def inbox_contexts(
+    sessions: Sequence[Sequence[Any]], replies: Sequence[tuple[str, JournalEntry]]
+) -> dict[str, InboxContext]:
+    """``DurableStore.inbox_contexts`` from its two reads: each interrupted session's
+    session_id, turn_id, turn column and title; and their live turns' finished model
+    records, with the session id, in order."""
+    journals: dict[str, list[JournalEntry]] = {}
+    for session_id, entry in replies:
+        journals.setdefault(session_id, []).append(entry)
+    return {
+        session_id: InboxContext(title, turn_from_json(turn_id, turn, journals.get(session_id, [])))
+        for session_id, turn_id, turn, title in sessions
+    }
 
 
 def has_deadline(text: str | None) -> bool:
@@ -138,7 +157,7 @@ def turn_from_json(turn_id: int, text: str | None, journal: list[JournalEntry]) 
         return None
     return TurnRecord(
         turn_id=turn_id, message=live["message"], webhook=live.get("webhook"), deadline=live.get("deadline"),
-        journal=journal, grants=tuple(live.get("grants") or ()), started_at=live.get("started_at"),
+        journal=journal, grants=tuple(live.get("grants") or ()), started_at=live.get("started_at"), by=live.get("by"),
     )
 
 
@@ -223,6 +242,8 @@ class SessionRecord:
     #: In a save with ``state``: how many of its leading messages the store already holds,
     #: unchanged (a turn that appended to its history). A hint: a store may rewrite them.
     kept: int = 0
+    #: What people call the session: one a client set, or its first user message, shortened.
+    title: str | None = None
 
 
 class Store(ABC):
@@ -301,6 +322,7 @@ class SessionSummary:
     session_id: str
     status: str
     total_messages: int
+    title: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +332,14 @@ class LiveTurn:
     session_id: str
     status: str
     timed: bool  # a deadline, or a pending interrupt with an expiry
+
+
+@dataclass(frozen=True)
+class InboxContext:
+    """An interrupted session, as the inbox shows it beside its pending interrupts."""
+
+    title: str | None
+    turn: TurnRecord | None  # its live turn, with only the finished model records as journal
 
 
 class DurableStore(Store):
@@ -343,6 +373,13 @@ class DurableStore(Store):
         """Every interrupt waiting on a person (of a session whose status is
         ``interrupted``, not yet answered), with its session's id; oldest first (by creation
         time, then id)."""
+
+    @abstractmethod
+    def inbox_contexts(self) -> dict[str, InboxContext]:
+        """What an approver needs to know of each ``interrupted`` session besides its
+        pending interrupts: its title, and its live turn's message and model replies. Read
+        apart from ``pending_interrupts``: a session interrupted between the two reads may
+        be missing here (its items then come without context)."""
 
     @abstractmethod
     def live_turns(self) -> list[LiveTurn]:

@@ -50,6 +50,7 @@ from motus.serve.store.base import (
     RECENT_EVENTS,
     AuditRecord,
     Event,
+    InboxContext,
     LiveTurn,
     RecentEvents,
     SessionRecord,
@@ -59,6 +60,7 @@ from motus.serve.store.base import (
     StoreError,
     dump_json,
     has_deadline,
+    inbox_contexts,
     load_json,
     stored_entry,
     stored_session,
@@ -92,7 +94,7 @@ CONNECTION_SETTINGS: dict[str, Any] = {
     "application_name": "motus",
 }
 
-_SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner"
+_SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner, title"
 
 
 def where(url: str) -> str:
@@ -205,10 +207,10 @@ class PostgresStore(SharedStore):
     def summaries(self) -> list[SessionSummary]:
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT s.session_id, s.status, (SELECT count(*) FROM motus_messages m WHERE m.session_id = s.session_id) "
-                "FROM motus_sessions s ORDER BY s.touched"
+                "SELECT s.session_id, s.status, (SELECT count(*) FROM motus_messages m WHERE m.session_id = s.session_id), "
+                "s.title FROM motus_sessions s ORDER BY s.touched"
             ).fetchall()
-        return [SessionSummary(session_id, status, int(count)) for session_id, status, count in rows]
+        return [SessionSummary(session_id, status, int(count), title) for session_id, status, count, title in rows]
 
     def count(self) -> int:
         with self._conn() as conn:
@@ -231,6 +233,20 @@ class PostgresStore(SharedStore):
                 "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done ORDER BY coalesce(j.created_at, 0), j.ref"
             ).fetchall()
         return [(row[0], stored_entry(row[1:])) for row in rows]
+
+    def inbox_contexts(self) -> dict[str, InboxContext]:
+        with self._conn() as conn:
+            with conn.transaction():  # one snapshot: the rows and their replies agree
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                rows = conn.execute(
+                    "SELECT session_id, turn_id, turn, title FROM motus_sessions WHERE status = 'interrupted'"
+                ).fetchall()
+                replies = conn.execute(
+                    f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
+                    " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                    "WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done ORDER BY j.session_id, j.seq"
+                ).fetchall()
+        return inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
 
     def live_turns(self) -> list[LiveTurn]:
         with self._conn() as conn:
@@ -271,24 +287,26 @@ class PostgresStore(SharedStore):
                 # A new row's versions start past any an earlier session of the same id used
                 # (deleted, then created again): a copy of that one never looks current.
                 f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
+                f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
                 (record.session_id, record.status, "", dump_json(record.response), record.error,
-                 record.turn_id, record.touched, turn_text, grants, record.owner),
+                 record.turn_id, record.touched, turn_text, grants, record.owner, record.title),
             )
         elif record.state is None:
             write = (
                 "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
-                "turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s RETURNING version",
+                "turn = %s, grants = %s, version = %s, owner = %s, title = %s WHERE session_id = %s AND version = %s "
+                "RETURNING version",
                 (record.status, dump_json(record.response), record.error, record.turn_id, record.touched, turn_text,
-                 grants, new_version, record.owner, record.session_id, record.version),
+                 grants, new_version, record.owner, record.title, record.session_id, record.version),
             )
         else:
             write = (
                 "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, "
-                "touched = %s, turn = %s, grants = %s, version = %s, owner = %s WHERE session_id = %s AND version = %s "
-                "RETURNING version",
+                "touched = %s, turn = %s, grants = %s, version = %s, owner = %s, title = %s WHERE session_id = %s "
+                "AND version = %s RETURNING version",
                 (record.status, "", dump_json(record.response), record.error, record.turn_id,
-                 record.touched, turn_text, grants, new_version, record.owner, record.session_id, record.version),
+                 record.touched, turn_text, grants, new_version, record.owner, record.title, record.session_id,
+                 record.version),
             )
         with self._conn() as conn:
             try:
@@ -633,7 +651,7 @@ def _note(payload: str, changed: dict[str, int]) -> int:
 def _session(row: Sequence[Any], journal: list[JournalEntry], history: list[str]) -> SessionRecord:
     """A ``motus_sessions`` row (``_SESSION_COLUMNS``; its ``state`` column is unused since
     version 3) with its journal and history."""
-    return stored_session((row[0], row[1], *row[3:9]), journal, history, version=row[9], owner=row[10])
+    return stored_session((row[0], row[1], *row[3:9], row[11]), journal, history, version=row[9], owner=row[10])
 
 
 def _event(row: Sequence[Any]) -> Event:

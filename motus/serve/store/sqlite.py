@@ -49,12 +49,14 @@ from motus.serve.store.base import (
     AuditRecord,
     DurableStore,
     Event,
+    InboxContext,
     LiveTurn,
     SessionRecord,
     SessionSummary,
     StoreError,
     dump_json,
     has_deadline,
+    inbox_contexts,
     load_json,
     stored_entry,
     stored_session,
@@ -74,7 +76,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     turn_id INTEGER NOT NULL,
     touched REAL NOT NULL,
     turn TEXT,
-    grants TEXT
+    grants TEXT,
+    title TEXT
 );
 CREATE TABLE IF NOT EXISTS journal (
     session_id TEXT NOT NULL,
@@ -124,9 +127,10 @@ CREATE TABLE IF NOT EXISTS messages (
 # column of versions 1 and 2 stays (a NOT NULL column cannot be dropped without rebuilding
 # the table) and holds ''.
 
-#: Columns version 2 added to tables version 1 already had (``ALTER TABLE ... ADD COLUMN``).
-_ADDED_IN_2 = {
-    "sessions": (("grants", "TEXT"),),
+#: Columns versions 2 and 4 added to tables earlier versions already had (``ALTER TABLE ...
+#: ADD COLUMN``).
+_ADDED_COLUMNS = {
+    "sessions": (("grants", "TEXT"), ("title", "TEXT")),
     "journal": (("created_at", "REAL"), ("expires_at", "REAL"), ("default_value", "BLOB")),
 }
 
@@ -246,10 +250,10 @@ class SqliteStore(DurableStore):
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
-        """Bring a version 1 file up to date in place: add the new columns (the new tables
-        are created by the schema script). Nothing is removed, so a failure leaves a file
-        version 1 can still read."""
-        for table, columns in _ADDED_IN_2.items():
+        """Bring a file of an earlier version up to date in place: add the new columns (the
+        new tables are created by the schema script). Nothing is removed, so a failure leaves
+        a file its own version can still read."""
+        for table, columns in _ADDED_COLUMNS.items():
             have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
             if not have:
                 continue  # a new file: the schema script creates the table whole
@@ -331,10 +335,10 @@ class SqliteStore(DurableStore):
     def summaries(self) -> list[SessionSummary]:
         with self._lock:
             rows = self._db().execute(
-                "SELECT s.session_id, s.status, (SELECT count(*) FROM messages m WHERE m.session_id = s.session_id) "
-                "FROM sessions s ORDER BY s.touched"
+                "SELECT s.session_id, s.status, (SELECT count(*) FROM messages m WHERE m.session_id = s.session_id), "
+                "s.title FROM sessions s ORDER BY s.touched"
             ).fetchall()
-        return [SessionSummary(session_id, status, count) for session_id, status, count in rows]
+        return [SessionSummary(session_id, status, count, title) for session_id, status, count, title in rows]
 
     def count(self) -> int:
         with self._lock:
@@ -358,6 +362,17 @@ class SqliteStore(DurableStore):
                 "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0 ORDER BY coalesce(j.created_at, 0), j.ref"
             ).fetchall()
         return [(row[0], stored_entry(row[1:])) for row in rows]
+
+    def inbox_contexts(self) -> dict[str, InboxContext]:
+        with self._lock:
+            db = self._db()
+            rows = db.execute("SELECT session_id, turn_id, turn, title FROM sessions WHERE status = 'interrupted'").fetchall()
+            replies = db.execute(
+                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
+                "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+                "WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done = 1 ORDER BY j.session_id, j.seq"
+            ).fetchall()
+        return inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
 
     def live_turns(self) -> list[LiveTurn]:
         with self._lock:
@@ -390,16 +405,16 @@ class SqliteStore(DurableStore):
             if record.state is None:
                 db.execute(
                     "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
-                    "grants = ? WHERE session_id = ?",
+                    "grants = ?, title = ? WHERE session_id = ?",
                     (record.status, dump_json(record.response), record.error, record.turn_id, record.touched,
-                     turn_text, grants, record.session_id),
+                     turn_text, grants, record.title, record.session_id),
                 )
             else:
                 db.execute(
                     "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
-                    "turn, grants) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?)",
+                    "turn, grants, title) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?, ?)",
                     (record.session_id, record.status, dump_json(record.response), record.error,
-                     record.turn_id, record.touched, turn_text, grants),
+                     record.turn_id, record.touched, turn_text, grants, record.title),
                 )
                 self._put_history(db, record.session_id, record.state, record.kept)
             if turn is None:
@@ -516,7 +531,7 @@ class SqliteStore(DurableStore):
         return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=load_json(row[3])) for row in rows]
 
 
-_SESSION_COLUMNS = "session_id, status, response, error, turn_id, touched, turn, grants"
+_SESSION_COLUMNS = "session_id, status, response, error, turn_id, touched, turn, grants, title"
 def _put_messages(db: sqlite3.Connection, session_id: str, first: int, messages: Sequence[object]) -> None:
     # A generator, not a list: each row's JSON is made as it is written, so a long history
     # is never held twice more (as row tuples and as JSON strings) while it is written.

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from motus.api.titles import derived_title
 from motus.serve.errors import InterruptNotPending, InvalidTransition, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
 from motus.durable.journal import canonical_payload, pack
@@ -132,7 +133,7 @@ class Machine:
         self._live_waiting: dict[Turn, None] = {}
         self._live_waiting_lock = threading.Lock()
         #: The inbox as last read, per type asked: (``Events.inbox_generation`` then, items).
-        self._inbox_cache: dict[str | None, tuple[int, list[tuple[str, Any]]]] = {}
+        self._inbox_cache: dict[str | None, tuple[int, list[Any]]] = {}
         self.slots = Slots(max_workers)
         self._closing = False
         self._stopped = False
@@ -301,9 +302,12 @@ class Machine:
 
     # -- turns (request threads) ---------------------------------------------------------
 
-    def start_turn(self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None = None) -> None:
+    def start_turn(
+        self, session_id: str, message: dict[str, Any], webhook: dict[str, Any] | None = None, by: str | None = None
+    ) -> None:
         """idle|error -> running: commit the new turn, then queue it for a compute slot (it
-        runs on this instance, which owns it until it ends)."""
+        runs on this instance, which owns it until it ends). ``by`` is the name of the key
+        that sent the message; a session without a title takes the message's."""
 
         def start(session: Session, after: After) -> Turn:
             if session.status is SessionStatus.RUNNING:
@@ -321,11 +325,14 @@ class Machine:
                 deadline=now + self.timeout if self.timeout else None,
                 grants=tuple(sorted(session.grants)),
                 started_at=now,
+                by=by,
             )
+            title = session.title or derived_title(message)
             self._save(session, session.record(status=SessionStatus.RUNNING, response=None, error=None,
-                                      turn_id=turn.turn_id, touched=now, turn=turn.record(), owner=self.instance),
+                                      turn_id=turn.turn_id, touched=now, turn=turn.record(), owner=self.instance,
+                                      title=title),
                        events=[session.event("status", now, status="running", turn_id=turn.turn_id)])
-            session.turn, session.turn_id, session.owner = turn, turn.turn_id, self.instance
+            session.turn, session.turn_id, session.owner, session.title = turn, turn.turn_id, self.instance, title
             session.response, session.error, session.touched = None, None, now
             after.queued.append(turn)
             after.publish.append(session_id)

@@ -17,11 +17,14 @@ get copies), so it needs no lock: a race only computes the same inbox twice.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from motus.serve.errors import SessionNotFound
 from motus.serve.events import inbox_key
-from motus.durable.records import JournalEntry
+from motus.durable.records import MODEL, JournalEntry
+from motus.serve.live import agent_text
 from motus.serve.store import AuditRecord, DurableStore, SessionSummary, SharedStore
 from motus.serve.turns.replicas import ask_store
 from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, SessionView, TurnState, pending_interrupt
@@ -73,8 +76,9 @@ class Queries:
         self.get(session_id)  # 404 for an unknown session
         return self.store.audit(session_id)
 
-    def inbox(self: Machine, kind: str | None = None) -> list[tuple[str, PendingInterrupt]]:
-        """Every pending interrupt of every session (of type ``kind``), oldest first.
+    def inbox(self: Machine, kind: str | None = None) -> list[InboxEntry]:
+        """Every pending interrupt of every session (of type ``kind``), oldest first, each
+        with what an approver needs to know of its turn (``TurnContext``).
 
         Kept until the next publish that may change it (``Events.inbox_generation``), since
         one interrupt wakes every inbox long poll at once and each reads it; not on a shared
@@ -93,23 +97,35 @@ class Queries:
             self._inbox_cache[kind] = (generation, found)
         return list(found)
 
-    def _read_inbox(self: Machine, kind: str | None) -> list[tuple[str, PendingInterrupt]]:
+    def _read_inbox(self: Machine, kind: str | None) -> list[InboxEntry]:
         store = self.store
         if isinstance(store, DurableStore):
-            items = [(session_id, pending_interrupt(entry)) for session_id, entry in ask_store(store.pending_interrupts)]
-            return [(session_id, item) for session_id, item in items if kind is None or item.type == kind]
+            pending = ask_store(store.pending_interrupts)
+            contexts = ask_store(store.inbox_contexts) if pending else {}
+            found = []
+            for session_id, entry in pending:
+                item = pending_interrupt(entry)
+                if kind is None or item.type == kind:
+                    stored = contexts.get(session_id)
+                    turn = stored.turn if stored is not None else None
+                    context = turn_context(stored.title if stored is not None else None, turn, turn.journal if turn is not None else ())
+                    found.append(InboxEntry(session_id, item, context))
+            return found
         found = []
         for session in self._all():
             with session.lock:
                 if session.deleted:
                     continue
-                for item in session.view().interrupts:
-                    if kind is None or item.type == kind:
-                        found.append((session.session_id, item))
-        found.sort(key=lambda pair: (pair[1].created_at or 0.0, pair[1].interrupt_id))
+                items = [item for item in session.view().interrupts if kind is None or item.type == kind]
+                if items:
+                    turn = session.turn
+                    journal = [e for e in turn.journal.values() if e.kind == MODEL and e.done] if turn is not None else []
+                    context = turn_context(session.title, turn, journal)
+                    found.extend(InboxEntry(session.session_id, item, context) for item in items)
+        found.sort(key=lambda entry: (entry.item.created_at or 0.0, entry.item.interrupt_id))
         return found
 
-    def wait_inbox(self: Machine, kind: str | None, timeout: float) -> list[tuple[str, PendingInterrupt]]:
+    def wait_inbox(self: Machine, kind: str | None, timeout: float) -> list[InboxEntry]:
         """``inbox`` as soon as it is not empty, or empty after ``timeout`` seconds."""
         found = self.events.wait(inbox_key(kind), lambda: self.inbox(kind) or None, timeout)
         return found or []
@@ -122,8 +138,12 @@ class Queries:
         for session in self._all():
             with session.lock:
                 if not session.deleted:
-                    summaries.append(SessionSummary(session.session_id, session.status.value, len(session.state)))
+                    summaries.append(_summary(session))
         return summaries
+
+    def summary(self: Machine, session_id: str) -> SessionSummary:
+        """One session as ``list`` shows it."""
+        return self._read(session_id, _summary)
 
     def counts(self: Machine) -> dict[str, int]:
         """This instance's live turns (each held in memory) and parked ones. With one
@@ -186,6 +206,39 @@ class Queries:
 
         view = self.events.wait(session_id, check, timeout)
         return view if view is not None else self.get(session_id)
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """Why an inbox item asks: the session's title and the waiting turn's message, sender,
+    start time and what the agent said in it so far."""
+
+    title: str | None
+    message: dict[str, Any] | None
+    by: str | None
+    started_at: float | None
+    agent_text: str | None
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    """One pending interrupt in the inbox, with its session and its turn's context."""
+
+    session_id: str
+    item: PendingInterrupt
+    context: TurnContext
+
+
+def turn_context(title: str | None, turn: Any, replies: Iterable[JournalEntry]) -> TurnContext:
+    """The context of a waiting turn (a ``Turn`` or a ``TurnRecord``, or None) whose finished
+    model records are ``replies``."""
+    if turn is None:
+        return TurnContext(title, None, None, None, None)
+    return TurnContext(title, turn.message, turn.by, turn.started_at, agent_text(replies))
+
+
+def _summary(session: Session) -> SessionSummary:
+    return SessionSummary(session.session_id, session.status.value, len(session.state), session.title)
 
 
 def _live_turn(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:

@@ -299,7 +299,7 @@ class SharedReplicas(Replicas):
         keep = live and ours and fresh.turn is not None and turn.turn_id == fresh.turn.turn_id and turn.state is not TurnState.ELSEWHERE  # type: ignore[union-attr]
         session.version, session.owner, session.touched = fresh.version, fresh.owner, fresh.touched
         session.response, session.error = fresh.response, fresh.error
-        session.state, session.turn_id, session.grants = fresh.state, fresh.turn_id, fresh.grants
+        session.state, session.turn_id, session.grants, session.title = fresh.state, fresh.turn_id, fresh.grants, fresh.title
         if keep:
             answered = []
             for entry in fresh.turn.journal.values():  # type: ignore[union-attr]

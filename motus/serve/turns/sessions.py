@@ -38,6 +38,7 @@ import time
 import uuid
 from typing import Any
 
+from motus.api.titles import first_title
 from motus.serve.errors import GrantNotFound, ServerUnavailable, SessionConflict, SessionLimitReached, SessionNotFound
 from motus.serve.pool import WorkerPool
 from motus.serve.store import AuditRecord, DurableStore, Event, SharedStore, StaleSession
@@ -136,7 +137,11 @@ class Turns(Queries, TimedMoves, Machine):
 
     # -- sessions ------------------------------------------------------------------------
 
-    def create(self, session_id: str | None = None, state: list[dict[str, Any]] | None = None) -> SessionView:
+    def create(
+        self, session_id: str | None = None, state: list[dict[str, Any]] | None = None, title: str | None = None
+    ) -> SessionView:
+        """A new idle session, with a preloaded history; its title is ``title`` or the
+        history's first user message's."""
         if session_id is not None:
             # Read as any session is (from the store if it is not held here), so that the
             # check below finds it; and on a shared store the copy here may be of a row
@@ -149,7 +154,10 @@ class Turns(Queries, TimedMoves, Machine):
         # Counted before the registry's lock is taken (a store's count is a query): creates
         # at the same moment may pass the cap by a few.
         existing = len(self) if self.max_sessions else 0
-        session = Session(session_id=session_id or str(uuid.uuid4()), touched=self._clock(), state=list(state or []))
+        session = Session(
+            session_id=session_id or str(uuid.uuid4()), touched=self._clock(), state=list(state or []),
+            title=title or first_title(state or []),
+        )
         with session.lock:
             with self._registry:
                 if self._closing:
@@ -264,3 +272,17 @@ class Turns(Queries, TimedMoves, Machine):
             after.publish.append(session_id)
 
         self._attempt(session_id, revoke)
+
+    def retitle(self, session_id: str, title: str, by: str = ANONYMOUS) -> None:
+        """Give the session the title a client chose (checked by the request schema), in
+        any status: a title is for people and changes nothing of a turn."""
+        def retitle(session: Session, after: After) -> None:
+            if self._closing:
+                raise ServerUnavailable("Server is shutting down")
+            now = self._clock()
+            self._save(session, session.record(title=title, touched=now),
+                       events=[session.event("title", now, title=title, by=by)])
+            session.title, session.touched = title, now
+            after.publish.append(session_id)
+
+        self._attempt(session_id, retitle)

@@ -182,6 +182,7 @@ class Turn:
     backlog_since: float = 0.0  # monotonic
     grants: tuple[str, ...] = ()  # the session's grants when the turn started (replays see the same)
     started_at: float | None = None  # wall clock, for people (the live turn)
+    by: str | None = None  # the name of the key that sent its message, for people
     started: float = field(default_factory=time.monotonic)  # for the turn duration metric
 
     def calls_in_flight(self) -> bool:
@@ -239,7 +240,7 @@ class Turn:
     def record(self) -> TurnRecord:
         return TurnRecord(
             turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline, grants=self.grants,
-            started_at=self.started_at,
+            started_at=self.started_at, by=self.by,
         )
 
 
@@ -256,6 +257,7 @@ class Session:
     turn: Turn | None = None
     retired: OrderedDict[str, str] = field(default_factory=OrderedDict)
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool name -> {"by", "at"}
+    title: str | None = None  # a client's, or the first user message's (``titles.derived``)
     deleted: bool = False
     #: Dropped from the server's memory to keep it within ``--session-cache`` (its row is
     #: the whole of it): a thread that took this copy before then looks the session up again.
@@ -306,6 +308,7 @@ class Session:
             "touched": self.touched,
             "turn": self.turn.record() if self.turn is not None and self.turn.state is not TurnState.ENDED else None,
             "grants": self.grants,
+            "title": self.title,
             "version": self.version,
             "owner": self.owner,
         }
@@ -361,6 +364,7 @@ def session_from(record: SessionRecord) -> Session:
         error=record.error,
         turn_id=record.turn_id,
         grants=dict(record.grants),
+        title=record.title,
         version=record.version,
         owner=record.owner,
     )
@@ -374,6 +378,7 @@ def session_from(record: SessionRecord) -> Session:
             journal={e.seq: e for e in record.turn.journal},
             grants=record.turn.grants,
             started_at=record.turn.started_at,
+            by=record.turn.by,
             state=TurnState.ELSEWHERE,
         )
     elif status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):

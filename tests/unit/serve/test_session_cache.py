@@ -66,7 +66,7 @@ def test_a_forgotten_parked_turn_is_in_the_inbox_and_counts_and_resumes_by_repla
     assert waiting not in held(turns) and len(held(turns)) == 1
     assert turns.counts()["parked_turns"] == 1
     assert turns.interrupt_counts() == (1, 1)
-    assert [(sid, item.interrupt_id) for sid, item in turns.inbox()] == [(waiting, "a")]
+    assert [(entry.session_id, entry.item.interrupt_id) for entry in turns.inbox()] == [(waiting, "a")]
     assert turns.inbox("tool_approval") == turns.inbox() and turns.inbox("user_input") == []
     turns.start(pool)
     view = turns.get(waiting)

@@ -477,7 +477,7 @@ def test_an_interrupt_is_answered_exactly_once_even_by_racing_resumes(make_turns
 
 
 def inbox_ids(turns: Turns) -> list[str]:
-    return [item.interrupt_id for _, item in turns.inbox()]
+    return [entry.item.interrupt_id for entry in turns.inbox()]
 
 
 def test_the_inbox_stays_true_when_a_resume_and_the_next_interrupt_announce_out_of_order(make_turns: MakeTurns) -> None:

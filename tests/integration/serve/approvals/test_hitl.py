@@ -556,7 +556,8 @@ def test_long_poll_sees_delete(server: Server) -> None:
         ("get", "/sessions/{sid}?wait=true&timeout=soon", None, 400, "timeout"),
         ("get", "/sessions/{sid}?wait=true&timeout=-1", None, 400, "timeout"),
         ("get", "/nowhere", None, 404, "/nowhere"),
-        ("patch", "/sessions/{sid}", "{}", 405, "PATCH"),
+        ("patch", "/sessions/{sid}", "{}", 422, "title"),
+        ("patch", "/sessions/{sid}/messages", "{}", 405, "PATCH"),
         ("delete", "/sessions", None, 405, "DELETE"),
     ],
 )

@@ -541,3 +541,103 @@ def test_a_waiting_session_shows_the_message_and_what_the_turn_did(
     assert resume(server, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
     done = server.wait_for_status(session_id, "idle")
     assert "turn" not in done and done["response"]["content"] == "Done."
+
+
+# -- the approver's view: titles and the inbox's context (issue 28, item 1) -----------------
+
+ALICE, BOB = "alice-secret-1", "bob-secret-2"
+
+
+def test_each_inbox_item_says_what_its_turn_asked_and_who_asked(
+    start_server: Callable[..., Server], sandbox: Path, fake_provider: FakeProvider
+) -> None:
+    """``bob``, who did not write the message, decides from the inbox alone: each item
+    carries the session's title, the message that started the turn, who sent it and when,
+    and what the agent said before it asked; items are numbered within their session."""
+    fake_provider.script(
+        openai_tool_calls(("call_1", "touch", {"path": "old_logs.txt"}), content="I will remove the old logs."),
+        openai_text("Done."),
+    )
+    server = start_server(
+        "tests.agents.durable:files", "--api-key", f"alice={ALICE}", "--api-key", f"bob={BOB}",
+        env=env(sandbox, MOTUS_TEST_PROVIDER_URL=fake_provider.url, OPENROUTER_API_KEY=""),
+    )
+    alice = server.with_headers({"Authorization": f"Bearer {ALICE}"})
+    session_id = start(alice, "please delete old_logs.txt\nand nothing else")
+    [pending_item] = pending(alice, session_id)
+    [item] = server.with_headers({"Authorization": f"Bearer {BOB}"}).get("/interrupts").json()
+    assert item["interrupt_id"] == pending_item["interrupt_id"] and item["payload"]["tool_args"] == {"path": "old_logs.txt"}
+    context = item["context"]
+    assert context["session_title"] == "please delete old_logs.txt and nothing else"
+    assert context["message"] == "please delete old_logs.txt\nand nothing else"
+    assert context["sent_by"] == "alice" and context["sent_at"].endswith("Z") and context["sent_at"] <= item["created_at"]
+    assert context["agent_text"] == "I will remove the old logs."
+    assert (item["position"], item["of"]) == (1, 1)
+
+
+def test_inbox_items_are_numbered_within_their_session(start_server: Callable[..., Server], sandbox: Path) -> None:
+    server = start_server(TWO, env=env(sandbox))
+    first = start(server, "two at once")
+    assert len(pending(server, first)) == 2
+    second = start(server, "two more")
+    assert len(pending(server, second)) == 2
+    items = server.get("/interrupts").json()
+    assert [(i["session_id"], i["position"], i["of"]) for i in items] == [(first, 1, 2), (first, 2, 2), (second, 1, 2), (second, 2, 2)]
+    assert [i["context"]["session_title"] for i in items] == ["two at once"] * 2 + ["two more"] * 2
+    assert all(i["context"]["sent_by"] == "anonymous" and i["context"]["agent_text"] is None for i in items)
+    assert server.get("/interrupts", params={"type": "tool_approval"}).json() == []
+
+
+def test_a_session_is_titled_by_its_first_message_or_by_its_client(shared: Callable[..., Server], shared_sandbox: Path) -> None:
+    server = calls_server(shared, shared_sandbox)
+    named = server.post("/sessions", json={"title": "Quarterly invoices"}).json()["session_id"]
+    preloaded = server.post("/sessions", json={"state": [{"role": "system", "content": "be brief"},
+                                                        {"role": "user", "content": "  hello\tthere  "}]}).json()["session_id"]
+    untitled = server.create_session()
+    sent = start(server, "x" * 100)  # (names no tool of the agent's: the turn fails, the title stays)
+    server.wait_for_status(sent, "error")
+    rows = {row["session_id"]: row for row in server.get("/sessions", params={"titles": "true"}).json()}
+    assert rows[named]["title"] == "Quarterly invoices" and rows[preloaded]["title"] == "hello there"
+    assert rows[untitled]["title"] is None and rows[sent]["title"] == "x" * 59 + "…"
+    # The guide's list is unchanged without the flag.
+    assert {tuple(sorted(row)) for row in server.get("/sessions").json()} == {("session_id", "status", "total_messages")}
+    # A client renames a session; a later message does not take the title back.
+    renamed = server.patch(f"/sessions/{sent}", json={"title": "Long x"})
+    assert renamed.status_code == 200 and renamed.json() == {"session_id": sent, "total_messages": 0, "status": "error", "title": "Long x"}
+    server.send(sent, "another message")
+    server.wait_for_status(sent, "error")
+    assert {row["session_id"]: row["title"] for row in server.get("/sessions", params={"titles": "1"}).json()}[sent] == "Long x"
+
+
+@pytest.mark.parametrize("body, problem", [
+    ({"title": ""}, "must not be empty"),
+    ({"title": "   "}, "must not be empty"),
+    ({"title": "x" * 201}, "at most 200 characters"),
+    ({"title": "a\x1b[31mred"}, "U+001B"),
+    ({"title": 7}, "title"),
+    ({}, "title"),
+])
+def test_a_bad_title_is_refused_naming_the_problem_and_changes_nothing(
+    shared: Callable[..., Server], shared_sandbox: Path, body: dict, problem: str
+) -> None:
+    server = calls_server(shared, shared_sandbox)
+    session_id = server.post("/sessions", json={"title": "kept"}).json()["session_id"]
+    patched = server.patch(f"/sessions/{session_id}", json=body)
+    assert patched.status_code == 422 and problem in patched.json()["detail"], patched.text
+    if body:
+        created = server.post("/sessions", json=body)
+        assert created.status_code == 422 and problem in created.json()["detail"], created.text
+    rows = {row["session_id"]: row["title"] for row in server.get("/sessions", params={"titles": "true"}).json()}
+    assert rows[session_id] == "kept"
+    assert server.patch(f"/sessions/{uuid.uuid4()}", json={"title": "x"}).status_code == 404
+    assert server.get("/sessions", params={"titles": "maybe"}).status_code == 400
+
+
+def test_a_title_survives_a_restart(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'titles.db'}"
+    server = start_server(CALLS, "--store", store, env=env(sandbox))
+    session_id = server.post("/sessions", json={"title": "before"}).json()["session_id"]
+    assert server.patch(f"/sessions/{session_id}", json={"title": "after"}).status_code == 200
+    server.stop()
+    again = start_server(CALLS, "--store", store, env=env(sandbox))
+    assert [row["title"] for row in again.get("/sessions", params={"titles": "true"}).json()] == ["after"]

@@ -30,6 +30,7 @@ import psutil
 import pytest
 import requests
 
+from motus.serve.store import SCHEMA_VERSION
 from tests.conftest import Server, free_port, launch, wait_until
 
 TRICKY = "tests.agents.history_attack:tricky"
@@ -484,6 +485,9 @@ def test_kill_9_while_long_histories_are_rewritten_never_leaves_a_partial_histor
 
 # -- kill -9 while a version 2 file is converted ----------------------------------------------
 
+#: The schema version a file is converted to (3 moved the histories into rows; later ones add columns).
+CURRENT = str(SCHEMA_VERSION)
+
 #: The schema motus wrote before version 3 (no ``messages`` table: a history is a JSON array
 #: in ``sessions.state``), as ``motus/serve/store/sqlite.py`` had it at schema version 2.
 _VERSION_2 = """
@@ -529,7 +533,7 @@ def write_v2_file(path: Path, histories: dict[str, list[Message]]) -> None:
 
 def file_histories(path: Path) -> tuple[str, dict[str, list[Message]]]:
     """The file's schema version and every session's history, read the way that version
-    keeps it; a version 3 file's rows are checked to be numbered 0..n-1, with none left
+    keeps it; a converted file's rows are checked to be numbered 0..n-1, with none left
     over, and no version 2 column still holding a history. Read from a copy of the file and
     its WAL, so the next server opens them exactly as the kill left them."""
     copy_dir = path.parent / f"copy-{uuid.uuid4().hex}"
@@ -546,8 +550,8 @@ def file_histories(path: Path) -> tuple[str, dict[str, list[Message]]]:
     if version == "2":
         assert not rows, f"a version 2 file with {len(rows)} rows in messages"
         return version, {sid: json.loads(state) for sid, state in states.items()}
-    assert version == "3", version
-    assert set(states.values()) == {""}, "a version 3 file still holding a history in sessions.state"
+    assert version == CURRENT, version
+    assert set(states.values()) == {""}, "a converted file still holding a history in sessions.state"
     found: dict[str, list[tuple[int, str]]] = {sid: [] for sid in states}
     for sid, seq, body in rows:
         assert sid in found, f"rows for unknown session {sid}"
@@ -563,7 +567,7 @@ def test_kill_9_while_a_version_2_file_is_converted_loses_and_duplicates_nothing
     """3,000 version 2 sessions (about 78,000 messages): ``motus serve start`` is killed
     (the whole process group) as soon as it has claimed the file, then once its WAL holds
     megabytes of the conversion not yet committed, then with the open finished and the
-    server answering. After each kill the file is wholly version 2 or wholly version 3, with
+    server answering. After each kill the file is wholly version 2 or wholly the current version, with
     every history as it was; a last start serves them, each message once."""
     path = tmp_path / "v2.db"
     histories = v2_histories(3000)
@@ -601,12 +605,12 @@ def test_kill_9_while_a_version_2_file_is_converted_loses_and_duplicates_nothing
         version, found = file_histories(path)
         versions.append((kill_when, version))
         assert found == histories, (kill_when, version)
-    assert versions[-1] == ("serving", "3"), versions
+    assert versions[-1] == ("serving", CURRENT), versions
     server = start_server(TRICKY, "--workers", "1", "--store", sqlite_url(path))
     for sid in list(histories)[::600]:
         assert canon(history(server, sid)) == canon(histories[sid])
     assert server.stop() == 0
-    assert file_histories(path) == ("3", histories)
+    assert file_histories(path) == (CURRENT, histories)
 
 
 # -- parking and replay --------------------------------------------------------------------------

@@ -179,8 +179,11 @@ def format_sessions(rows: list[SessionSummary]) -> str:
         return "No sessions."
     ids = [visible(row.session_id) for row in rows]
     width = max(len("SESSION ID"), *(len(sid) for sid in ids))
-    lines = [f"{'SESSION ID':<{width}}  {'STATUS':<11}  MESSAGES"]
-    lines.extend(f"{sid:<{width}}  {visible(row.status):<11}  {row.total_messages}" for sid, row in zip(ids, rows))
+    lines = [f"{'SESSION ID':<{width}}  {'STATUS':<11}  {'MESSAGES':<8}  TITLE"]
+    lines.extend(
+        f"{sid:<{width}}  {visible(row.status):<11}  {row.total_messages:<8}  {visible(getattr(row, 'title', None) or '')}".rstrip()
+        for sid, row in zip(ids, rows)
+    )
     return "\n".join(lines)
 
 
@@ -261,25 +264,58 @@ ANSWER_HINT = (
 )
 
 
+#: The longest message or agent text an inbox block shows (the rest is ``motus serve get``'s).
+INBOX_TEXT = 300
+
+
 def format_inbox(items: list[Any]) -> str:
-    """One block per pending interrupt: what it asks, where, since when; then how to answer."""
+    """One block per session, its pending interrupts numbered within it: the session's
+    title, the message that started the turn (who sent it, when), what the agent said
+    before asking, then each item: what it asks, since when; then how to answer."""
     if not items:
         return "Nothing is waiting on a person."
-    blocks = []
+    sessions: dict[str, list[Any]] = {}
     for item in items:
-        payload = item.payload
-        if item.type == "tool_approval":
-            what = f"approve {visible(payload.get('tool_name'))} {visible_json(payload.get('tool_args'))}"
-        elif isinstance(payload.get("prompt") or payload.get("title"), str):
-            what = visible(payload.get("title") or payload.get("prompt"))
-        else:
-            what = visible_json(payload)
-        expires = f"  expires {visible(item.expires_at)}" if item.expires_at else ""
-        blocks.append(
-            f"[{visible(item.type)}] {what}\n  session {visible(item.session_id)}  interrupt {visible(item.interrupt_id)}"
-            f"\n  since {visible(item.created_at)}{expires}"
-        )
-    return "\n".join([*blocks, "", ANSWER_HINT])
+        sessions.setdefault(item.session_id, []).append(item)
+    blocks = []
+    for session_id, group in sessions.items():
+        context = getattr(group[0], "context", None)
+        title = getattr(context, "session_title", None)
+        lines = [f"Session {visible(session_id)}" + (f": {visible(title)}" if title else "")]
+        message = getattr(context, "message", None)
+        if message:
+            sender = getattr(context, "sent_by", None)
+            when = getattr(context, "sent_at", None)
+            who = f" from {visible(sender)}" if sender and sender != "anonymous" else ""  # (no keys: nobody to name)
+            lines.append(f"  message{who}{f' at {visible(when)}' if when else ''}: {_excerpt(message)}")
+        agent_text = getattr(context, "agent_text", None)
+        if agent_text:
+            lines.append(f"  the agent said: {_excerpt(agent_text)}")
+        for index, item in enumerate(group, 1):
+            number = f"{index} of {len(group)}: " if len(group) > 1 else ""
+            expires = f"  expires {visible(item.expires_at)}" if item.expires_at else ""
+            lines.append(f"  {number}[{visible(item.type)}] {_asks(item)}")
+            lines.append(f"    interrupt {visible(item.interrupt_id)}  since {visible(item.created_at)}{expires}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join([*blocks, ANSWER_HINT])
+
+
+def _asks(item: Any) -> str:
+    payload = item.payload
+    if item.type == "tool_approval":
+        return f"approve {visible(payload.get('tool_name'))} {visible_json(payload.get('tool_args'))}"
+    if isinstance(payload.get("prompt") or payload.get("title"), str):
+        return visible(payload.get("title") or payload.get("prompt"))
+    questions = payload.get("questions")
+    if isinstance(questions, list) and questions and all(isinstance(q, dict) for q in questions):
+        return " / ".join(visible(q.get("question", "?")) for q in questions)
+    return visible_json(payload)
+
+
+def _excerpt(text: str) -> str:
+    """``text`` on one line, cut to ``INBOX_TEXT`` characters."""
+    line = " ".join(str(text).split())
+    return visible(line if len(line) <= INBOX_TEXT else line[: INBOX_TEXT - 3] + "...")
 
 
 @click.command()

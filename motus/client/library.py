@@ -237,8 +237,10 @@ class Client:
         self,
         state: Iterable[ChatMessage | dict[str, Any]] | None = None,
         session_id: str | None = None,
+        title: str | None = None,
     ) -> SessionResponse:
-        """Create a session, optionally with preloaded ``state`` and a custom ``session_id``.
+        """Create a session, optionally with preloaded ``state``, a custom ``session_id``
+        and a ``title`` (by default the server takes the first user message's).
 
         A custom id uses ``PUT /sessions/{id}``, which the server allows only with
         ``--allow-custom-ids`` (405 otherwise, 400 for a non-UUID, 409 if it exists).
@@ -246,6 +248,8 @@ class Client:
         body: dict[str, Any] = {}
         if state is not None:
             body["state"] = [_message_dict(message) for message in state]
+        if title is not None:
+            body["title"] = title
         if session_id is None:
             data = self._request("POST", "/sessions", json=body)
         else:
@@ -253,9 +257,13 @@ class Client:
         return _parse(SessionResponse, data)
 
     def list_sessions(self) -> list[SessionSummary]:
-        """``GET /sessions``."""
-        data = self._request("GET", "/sessions")
+        """``GET /sessions``, each with its title (None from a server that keeps none)."""
+        data = self._request("GET", "/sessions", params={"titles": "true"})
         return [_parse(SessionSummary, item) for item in _expect_list(data)]
+
+    def set_title(self, session_id: str, title: str) -> SessionSummary:
+        """``PATCH /sessions/{id}``: what people see for the session in lists and the inbox."""
+        return _parse(SessionSummary, self._request("PATCH", self._session_path(session_id), json={"title": title}))
 
     def get_session(self, session_id: str, wait: bool = False, timeout: float | None = None) -> SessionResponse:
         """``GET /sessions/{id}``; with ``wait`` a long poll of up to ``timeout`` seconds.

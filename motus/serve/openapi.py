@@ -26,6 +26,7 @@ from motus.api.schemas import (
     MessageAccepted,
     ResumeAccepted,
     ResumeRequest,
+    RetitleRequest,
     SendMessageRequest,
     SessionResponse,
     SessionSummary,
@@ -42,6 +43,7 @@ _MODELS: list[type[BaseModel]] = [
     MessageAccepted,
     ResumeAccepted,
     ResumeRequest,
+    RetitleRequest,
     SendMessageRequest,
     SessionResponse,
     SessionSummary,
@@ -128,6 +130,7 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
         {"name": "wait", "in": "query", "required": False, "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]}, "description": "Long poll: return when the status is not running"},
         {"name": "timeout", "in": "query", "required": False, "schema": {"type": "number", "minimum": 0}, "description": "Seconds a long poll waits at most (capped by --max-wait)"},
     ]
+    titles_param = {"name": "titles", "in": "query", "required": False, "schema": wait_params[1]["schema"], "description": "Add each session's title"}
     inbox_params = [
         {"name": "status", "in": "query", "required": False, "schema": {"type": "string", "enum": ["pending"]}},
         {"name": "type", "in": "query", "required": False, "schema": {"type": "string"}, "description": "Only interrupts of this type"},
@@ -146,12 +149,13 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
         },
         "/sessions": {
             "post": _operation("Create a session", (201, "Created", session), [400, 413, 422, 503], body=("CreateSessionRequest", False), headers=_LOCATION, auth=auth),
-            "get": _operation("List sessions", (200, "Sessions", {"type": "array", "items": _ref("SessionSummary")}), [], auth=auth),
+            "get": _operation("List sessions", (200, "Sessions", {"type": "array", "items": _ref("SessionSummary")}), [400], params=[titles_param], auth=auth),
         },
         "/sessions/{session_id}": {
             "put": _operation("Create a session with a client-chosen UUID", (201, "Created", session), [400, 405, 409, 413, 422, 503], body=("CreateSessionRequest", False), params=[_SESSION_ID], headers=_LOCATION, auth=auth),
             "get": _operation("Get a session, or long poll it", (200, "The session", session), [400, 404, 503], params=wait_params, auth=auth),
             "delete": _operation("Delete a session (kills its turn)", (204, "Deleted", None), [404], params=[_SESSION_ID], auth=auth),
+            "patch": _operation("Set the session's title", (200, "The session, titled", _ref("SessionSummary")), [400, 404, 413, 422, 503], body=("RetitleRequest", True), params=[_SESSION_ID], auth=auth),
         },
         "/sessions/{session_id}/messages": {
             "post": _operation("Send a message: starts a turn", (202, "Accepted", _ref("MessageAccepted")), [400, 404, 409, 413, 422, 503], body=("SendMessageRequest", True), params=[_SESSION_ID], headers=_LOCATION, auth=auth),

@@ -131,6 +131,50 @@ def test_markdown_renders_and_html_stays_inert(open_chat, start_server):
     chat.shot("markdown")
 
 
+def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, start_server, tmp_path):
+    """A second person decides from the Inbox alone: each session's items sit under its
+    title, the message that started the turn, who sent it and when; they are numbered
+    within their session ("1 of 2" twice, not "1 of 4"). The sidebar shows titles."""
+    server = start_server(
+        "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice", "--api-key", "bob=s3cret-bob",
+        env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
+    )
+    alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
+    first = alice.post("/sessions", json={}).json()["session_id"]
+    alice.post(f"/sessions/{first}/messages", json={"content": "delete and move both"}).raise_for_status()
+    second = alice.post("/sessions", json={"title": "Archive the notes"}).json()["session_id"]
+    alice.post(f"/sessions/{second}/messages", json={"content": "delete notes.txt and move old_logs.txt"}).raise_for_status()
+    wait_until(lambda: len(alice.get("/interrupts").json()) == 4, what="four pending approvals")
+
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    chat.page.get_by_label("API key", exact=True).fill("s3cret-bob")
+    chat.page.get_by_role("button", name="Use this key").click()
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(4)
+    groups = inbox.locator(".inbox-session")
+    expect(groups).to_have_count(2)
+    one, two = groups.nth(0), groups.nth(1)
+    expect(one.locator(".inbox-session-title")).to_have_text("delete and move both")
+    expect(one.locator(".inbox-message")).to_contain_text("alice asked at")
+    expect(one.locator(".inbox-message .inbox-text")).to_have_text("delete and move both")
+    expect(two.locator(".inbox-session-title")).to_have_text("Archive the notes")
+    expect(two.locator(".inbox-message .inbox-text")).to_have_text("delete notes.txt and move old_logs.txt")
+    for group in (one, two):
+        expect(group.locator(".card-count")).to_have_text(["1 of 2", "2 of 2"])
+    chat.shot("inbox-context")
+
+    # Answering one leaves its session's other item alone and unnumbered.
+    one.locator("article.card").first.get_by_role("button", name="Approve", exact=True).click()
+    expect(one.locator("article.card")).to_have_count(1)
+    expect(one.locator(".card-count")).to_be_hidden()
+    expect(two.locator(".card-count")).to_have_text(["1 of 2", "2 of 2"])
+
+    # The sidebar names sessions by their titles.
+    sidebar = chat.page.get_by_role("navigation", name="Sessions").locator("#session-list")
+    expect(sidebar.locator(".session-title")).to_have_text(["Archive the notes", "delete and move both"])
+
+
 def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
     server = start_server(CALLS_AGENT, env={"MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox"), "MOTUS_TEST_APPROVAL_TIMEOUT": "600"})
     first, second, third = (server.create_session() for _ in range(3))

@@ -61,9 +61,9 @@ def test_session_lifecycle_in_text_and_json(server: Server) -> None:
     uuid.UUID(session_id)
     assert ok("messages", server.url, session_id).stdout == "No messages.\n"
     rows = json.loads(ok("sessions", server.url, "--json").stdout)
-    assert {"session_id": session_id, "total_messages": 0, "status": "idle"} in rows
+    assert {"session_id": session_id, "total_messages": 0, "status": "idle", "title": None} in rows
     table = ok("sessions", server.url).stdout.splitlines()
-    assert table[0].split() == ["SESSION", "ID", "STATUS", "MESSAGES"]
+    assert table[0].split() == ["SESSION", "ID", "STATUS", "MESSAGES", "TITLE"]
     assert f"{session_id}  idle         0" in table
 
     assert ok("send", server.url, session_id, "hello").stdout == f"Message accepted; session {session_id} is running.\n"
@@ -153,7 +153,8 @@ def test_the_inbox_says_how_to_answer_and_resume_answers(server: Server) -> None
     ok("send", server.url, session_id, "approve", "--wait")
     listed = ok("inbox", server.url, "--type", "tool_approval").stdout
     [interrupt_id] = [item["interrupt_id"] for item in json.loads(ok("inbox", server.url, "--json").stdout) if item["session_id"] == session_id]
-    assert f"session {session_id}  interrupt {interrupt_id}" in listed
+    assert f"Session {session_id}: approve\n  message at 20" in listed and ": approve\n  [tool_approval] approve " in listed
+    assert f"    interrupt {interrupt_id}  since " in listed
     assert listed.rstrip().endswith("or open the session in the chat: motus serve chat URL --session SESSION"), listed
     assert "motus serve resume URL SESSION INTERRUPT VALUE" in listed
 

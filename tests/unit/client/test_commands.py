@@ -7,7 +7,8 @@ import pytest
 
 from motus.client import InterruptInfo, SessionResponse, SessionSummary
 from motus.models import ChatMessage, FunctionCall, ToolCall
-from motus.client.commands import coerce_value, format_message, format_session, format_sessions, parse_params
+from motus.api.schemas import InboxContext, InboxItem
+from motus.client.commands import ANSWER_HINT, coerce_value, format_inbox, format_message, format_session, format_sessions, parse_params
 
 
 @pytest.mark.parametrize(
@@ -45,9 +46,37 @@ def test_format_session_shows_response_error_and_interrupts() -> None:
 
 def test_format_sessions_table() -> None:
     assert format_sessions([]) == "No sessions."
-    table = format_sessions([SessionSummary(session_id="abc", total_messages=2, status="idle")])
-    assert table.splitlines()[0].split() == ["SESSION", "ID", "STATUS", "MESSAGES"]
+    table = format_sessions([SessionSummary(session_id="abc", total_messages=2, status="idle"),
+                             SessionSummary(session_id="def", total_messages=0, status="running", title="Invoices \x1b[2J for ACME")])
+    assert table.splitlines()[0].split() == ["SESSION", "ID", "STATUS", "MESSAGES", "TITLE"]
     assert table.splitlines()[1].split() == ["abc", "idle", "2"]
+    assert table.splitlines()[2].split() == ["def", "running", "0", "Invoices", "\\x1b[2J", "for", "ACME"]
+
+
+def test_format_inbox_groups_by_session_and_numbers_within_it() -> None:
+    """One block a session: its title, the message that started the turn (who, when), what
+    the agent said; its items numbered "1 of 2"; a session of one item is not numbered."""
+    def item(session_id: str, interrupt_id: str, **context: object) -> InboxItem:
+        return InboxItem(session_id=session_id, interrupt_id=interrupt_id, type="tool_approval", created_at="T0",
+                         payload={"tool_name": "delete_file", "tool_args": {"path": interrupt_id}}, context=InboxContext(**context))
+
+    shown = format_inbox([
+        item("s1", "a", session_title="Clean up", message="delete a\nand b", sent_by="alice", sent_at="T", agent_text="I will delete both."),
+        item("s2", "c", session_title="Other", message="delete c", sent_by="anonymous"),
+        item("s1", "b", session_title="Clean up"),
+    ])
+    first, second, hint = shown.split("\n\n")
+    assert first.splitlines() == [
+        "Session s1: Clean up",
+        "  message from alice at T: delete a and b",
+        "  the agent said: I will delete both.",
+        '  1 of 2: [tool_approval] approve delete_file {"path": "a"}',
+        "    interrupt a  since T0",
+        '  2 of 2: [tool_approval] approve delete_file {"path": "b"}',
+        "    interrupt b  since T0",
+    ]
+    assert second.splitlines()[:3] == ["Session s2: Other", "  message: delete c", '  [tool_approval] approve delete_file {"path": "c"}']
+    assert hint == ANSWER_HINT
 
 
 def test_format_message_tool_calls_and_tool_results() -> None:

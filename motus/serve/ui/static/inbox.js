@@ -10,12 +10,13 @@ import { buildCard, numberCards } from "./cards.js";
 import { readStream } from "./sse.js";
 import { server } from "./state.js";
 import { timeElement } from "./time.js";
+import { visibleText } from "./text.js";
 
 const LONG_POLL_SECONDS = 25;
 const BUSY_REFRESH_MS = 3000;
 const STREAM_REFRESH_MS = 60000;
 
-const inbox = { open: false, generation: 0, controllers: new Set(), wake: null, dirty: false, streaming: false, items: new Map() };
+const inbox = { open: false, generation: 0, controllers: new Set(), wake: null, dirty: false, streaming: false, items: new Map(), groups: new Map() };
 
 export function openInbox() {
   if (inbox.open) return;
@@ -44,6 +45,7 @@ export function closeInbox() {
   wake();
   inbox.streaming = false;
   inbox.items.clear();
+  inbox.groups.clear();
   $("inbox-list").replaceChildren();
   $("inbox-view").hidden = true;
   delete $("main").dataset.view;
@@ -136,7 +138,7 @@ async function streamLoop(generation) {
           wake();
         },
         onEvent: (event) => {
-          if (current() && ["ready", "reset", "interrupt", "resolved", "status"].includes(event.kind)) wake();
+          if (current() && ["ready", "reset", "interrupt", "resolved", "status", "title"].includes(event.kind)) wake();
         },
       });
     } catch {
@@ -156,29 +158,78 @@ async function streamLoop(generation) {
   }
 }
 
+/** The group of session ``sid`` in the list: a heading that says what its turn is about
+ *  (title, the message that started it, who sent it and when, what the agent said before
+ *  asking), then its items, numbered within the session. Created on first use. */
+function sessionGroup(sid, context) {
+  let group = inbox.groups.get(sid);
+  if (!group) {
+    const head = el("div", { class: "inbox-session-head" });
+    const items = el("ol", { class: "inbox-items" });
+    group = { li: el("li", { class: "inbox-session", "data-session-id": sid }, head, items), head, items, shown: null };
+    inbox.groups.set(sid, group);
+    $("inbox-list").append(group.li);
+  }
+  const key = JSON.stringify(context || {});
+  if (group.shown !== key) {
+    group.shown = key;
+    group.head.replaceChildren(...contextNodes(sid, context || {}));
+  }
+  return group;
+}
+
+function contextNodes(sid, context) {
+  const title = typeof context.session_title === "string" && context.session_title ? context.session_title : null;
+  const nodes = [
+    el(
+      "h3",
+      { class: "inbox-session-title" },
+      el("a", { href: `#/sessions/${encodeURIComponent(sid)}`, title: sid }, ...(title ? visibleText(title) : [`Session ${sid.slice(0, 8)}`])),
+    ),
+  ];
+  if (typeof context.message === "string") {
+    const who = typeof context.sent_by === "string" && context.sent_by !== "anonymous" ? context.sent_by : null;
+    nodes.push(
+      el(
+        "p",
+        { class: "inbox-message" },
+        el("span", { class: "inbox-label" }, who ? `${who} asked` : "Asked"),
+        context.sent_at ? " at " : null,
+        context.sent_at ? timeElement(context.sent_at) : null,
+        ": ",
+        el("span", { class: "inbox-text" }, ...visibleText(context.message, { multiline: true })),
+      ),
+    );
+  }
+  if (typeof context.agent_text === "string" && context.agent_text) {
+    nodes.push(
+      el(
+        "p",
+        { class: "inbox-agent" },
+        el("span", { class: "inbox-label" }, "The agent said: "),
+        el("span", { class: "inbox-text" }, ...visibleText(context.agent_text, { multiline: true })),
+      ),
+    );
+  }
+  return nodes;
+}
+
 function render(list) {
-  const ul = $("inbox-list");
   const live = new Set();
   for (const item of list) {
     if (!item || typeof item.interrupt_id !== "string" || typeof item.session_id !== "string") continue;
     live.add(item.interrupt_id);
+    const group = sessionGroup(item.session_id, item.context);
     if (inbox.items.has(item.interrupt_id)) continue;
     const card = buildCard(item, item.session_id, answered);
     const li = el(
       "li",
       { class: "inbox-item", "data-session-id": item.session_id },
-      el(
-        "p",
-        { class: "inbox-meta" },
-        "Session ",
-        el("a", { href: `#/sessions/${encodeURIComponent(item.session_id)}`, title: item.session_id }, item.session_id.slice(0, 8)),
-        item.created_at ? " · asked at " : null,
-        item.created_at ? timeElement(item.created_at) : null,
-      ),
+      item.created_at ? el("p", { class: "inbox-meta" }, "Waiting since ", timeElement(item.created_at)) : null,
       card,
     );
     inbox.items.set(item.interrupt_id, li);
-    ul.append(li);
+    group.items.append(li);
   }
   for (const [id, li] of [...inbox.items]) {
     if (!live.has(id) && !li.querySelector('.card[aria-busy="true"]')) {
@@ -186,7 +237,18 @@ function render(list) {
       inbox.items.delete(id);
     }
   }
-  numberCards([...ul.querySelectorAll(".card")]);
+  settle();
+}
+
+/** Drop the groups left without items, number each group's cards, say how many wait. */
+function settle() {
+  for (const [sid, group] of [...inbox.groups]) {
+    const cards = [...group.items.querySelectorAll(".card")];
+    if (!cards.length) {
+      group.li.remove();
+      inbox.groups.delete(sid);
+    } else numberCards(cards);
+  }
   const count = inbox.items.size;
   $("inbox-state").textContent = count ? `${count} waiting for an answer.` : "Nothing waits for an answer.";
 }
@@ -196,8 +258,7 @@ function answered(card, hadFocus) {
   const id = card.dataset.interruptId;
   if (li) li.remove();
   inbox.items.delete(id);
-  numberCards([...$("inbox-list").querySelectorAll(".card")]);
-  $("inbox-state").textContent = inbox.items.size ? `${inbox.items.size} waiting for an answer.` : "Nothing waits for an answer.";
+  settle();
   if (hadFocus) {
     const next = $("inbox-list").querySelector(".card-title");
     if (next) next.focus();

@@ -7,14 +7,17 @@ import { STATUS_TEXT, view, savePending, clearPending } from "./state.js";
 import { navigate, wakeLoop } from "./loop.js";
 import { renderStatus, renderMessages, lastMessages } from "./conversation.js";
 import { renderInterrupts } from "./cards.js";
+import { visibleText } from "./text.js";
 
 let listRequest = 0;
+//: session id -> title, as the last list read said (a server without titles gives none).
+const titles = new Map();
 
 export async function refreshSessionList() {
   const ticket = ++listRequest;
   let list;
   try {
-    const response = await api("GET", "sessions");
+    const response = await api("GET", "sessions?titles=true");
     if (!response.ok) return;
     list = await readJson(response);
   } catch {
@@ -29,14 +32,18 @@ export async function refreshSessionList() {
     .map((s) => {
       const count = Number(s.total_messages) || 0;
       const status = String(s.status || "");
+      const title = typeof s.title === "string" && s.title ? s.title : null;
+      if (title) titles.set(s.session_id, title);
+      else titles.delete(s.session_id);
+      const meta = `${STATUS_TEXT[status] ? status : status || "unknown"}, ${count} message${count === 1 ? "" : "s"}`;
       return el(
         "li",
         {},
         el(
           "a",
           { href: `#/sessions/${encodeURIComponent(s.session_id)}`, "data-sid": s.session_id, title: s.session_id },
-          el("span", { class: "session-id" }, s.session_id.slice(0, 8)),
-          el("span", { class: "session-meta" }, `${STATUS_TEXT[status] ? status : status || "unknown"}, ${count} message${count === 1 ? "" : "s"}`),
+          title ? el("span", { class: "session-title" }, ...visibleText(title)) : el("span", { class: "session-id" }, s.session_id.slice(0, 8)),
+          el("span", { class: "session-meta" }, meta, title ? " · " : null, title ? el("span", { class: "session-id" }, s.session_id.slice(0, 8)) : null),
         ),
       );
     });
@@ -49,10 +56,16 @@ export async function refreshSessionList() {
   }
 }
 
+/** Mark the open session in the list, and head the conversation with its title. */
 export function markCurrentInList() {
   for (const link of $("session-list").querySelectorAll("a")) {
     if (link.dataset.sid === view.sid) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
+  }
+  const title = view.sid ? titles.get(view.sid) : null;
+  if (title) {
+    $("conversation-title").replaceChildren(...visibleText(title));
+    document.title = `motus chat: ${title}`;
   }
 }
 

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from motus.serve.store import SCHEMA_VERSION
 from tests.conftest import Server, Starter, wait_until
 from tests.integration.serve.history.test_history_attacks import (
     PARKER,
@@ -581,7 +582,7 @@ def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_
             thread.join(120)
     rows = all_rows(pg_url)
     assert {row[0] for row in sql(pg_url, "SELECT DISTINCT state FROM motus_sessions")} == {""}
-    assert sql(pg_url, "SELECT value FROM motus_meta WHERE key = 'schema_version'") == [("3",)]
+    assert sql(pg_url, "SELECT value FROM motus_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
     wrong = [sid for sid, messages in histories.items()
              if [seq for seq, _ in rows.get(sid, [])] != list(range(len(messages)))
              or canon([m for _, m in rows.get(sid, [])]) != canon(messages)]

@@ -267,7 +267,20 @@ class ScriptedFileModel:
             ToolCall(id=f"call_{step}_{index}", function=FunctionCall(name=name, arguments=json.dumps(arguments)))
             for index, (name, arguments) in enumerate(calls)
         ]
-        return ChatCompletion(message=ChatMessage.assistant_message(None, tool_calls=tool_calls), model=model)
+        # What a real model says before it acts: an approver sees it beside the approval.
+        return ChatCompletion(message=ChatMessage.assistant_message(self._intent(calls), tool_calls=tool_calls), model=model)
+
+    @staticmethod
+    def _intent(calls: list[tuple[str, dict[str, Any]]]) -> str:
+        said = {
+            "delete_file": lambda a: f"delete {a.get('path')}",
+            "move_file": lambda a: f"move {a.get('source')} to {a.get('destination')}",
+            "read_file": lambda a: f"read {a.get('path')}",
+            "list_files": lambda a: "list the files",
+            "ask_user_question": lambda a: "ask you how to organize them",
+        }
+        parts = [said[name](arguments) if name in said else f"call {name}" for name, arguments in calls]
+        return "I'll " + " and ".join(parts) + "."
 
     def _plan(self, text: str) -> list[tuple[str, dict[str, Any]]]:
         lowered = text.lower()

@@ -9,6 +9,12 @@ runs)::
 * Each step sends the system prompt, the whole conversation and the tool definitions
   to the client (the interface in :mod:`motus.models.base`). A blocking client runs in
   a thread, so the event loop stays free to deliver resumes to paused tools.
+* Inside a served turn each model call is journaled whatever client made it: motus's own
+  clients journal their HTTP request (the provider's reply); any other client's reply is
+  journaled here, in the OpenAI chat-completions shape (``completion_record``). A replay
+  then gets the recorded reply instead of asking the client again, and the live view of a
+  waiting turn (``GET /sessions/{id}``'s ``turn``, the inbox's ``agent_text``) shows what
+  the model said and which tools it called before the turn paused.
 * The tool calls of one step run concurrently: two gated tools in one step are two
   pending interrupts at once, resumable in any order. Every tool call gets exactly one
   tool message, in the order the model asked for them, whatever order they finish in.
@@ -34,7 +40,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from motus.guardrails import Guardrail, run_input_guardrails, run_output_guardrails
-from motus.models.base import ChatClient, ChatCompletion, Usage
+from motus.durable.journal import current, digest
+from motus.models._client_base import HttpChatClient
+from motus.models.base import ChatClient, ChatCompletion, Usage, completion_from_record, completion_record
 from motus.models.messages import ChatMessage, ToolCall
 from motus.tools.decorator import Tool, error_result, tool as make_tool
 
@@ -134,6 +142,17 @@ class ReActAgent:
             "tools": [t.definition() for t in self.tools.values()] or None,
             **self.model_options,
         }
+        journal = current()
+        if journal is None or isinstance(self.client, HttpChatClient):  # (those journal their own requests)
+            return await self._ask(kwargs)
+
+        async def ask() -> dict[str, Any]:
+            return completion_record(await self._ask(kwargs))
+
+        key = digest(["chat", kwargs])
+        return completion_from_record(await journal.call("model", key, f"{type(self.client).__name__}.chat", ask))
+
+    async def _ask(self, kwargs: dict[str, Any]) -> ChatCompletion:
         if inspect.iscoroutinefunction(self.client.chat):
             return await self.client.chat(**kwargs)
         return await asyncio.to_thread(self.client.chat, **kwargs)

@@ -63,7 +63,7 @@ from motus.client.prompts import (
     format_question,
     parse_choices,
 )
-from motus.client.terminal import Console, Spinner, visible, visible_json
+from motus.client.terminal import Console, Spinner, format_message, visible, visible_json
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -98,6 +98,7 @@ _BUSY = ("running", "interrupted")
 HELP = """\
 Commands:
   /quit, /exit, Ctrl-D   leave; the session is kept (rejoin it with --session ID)
+  /history               the session's messages so far, and the turn in progress
   /delete                delete the session and leave
   /help                  show this
 Ctrl-C cancels the question or the wait in progress without answering anything; at the
@@ -205,6 +206,7 @@ class Chat:
             "Type /quit or press Ctrl-D to leave; the session is kept. /help lists commands."
         )
         if joined is not None and joined.status in _BUSY:
+            self._show_turn(joined)  # someone else's message, maybe: say what is being decided
             self.console.note("[info] finishing the turn in progress first")
             self.unfinished = True
             self._guarded(lambda: self._turn(None, one_shot=False))
@@ -231,6 +233,10 @@ class Chat:
                 return 0
             if line == "/help":
                 self.console.say(HELP)
+                continue
+            if line == "/history":
+                self._guarded(self._history)
+                armed = self._cancelled
                 continue
             if line == "/delete":
                 if self._guarded(self._delete):
@@ -393,6 +399,33 @@ class Chat:
         hint = "" if one_shot else "; press Enter to answer now, or your next message asks again"
         self.console.note(f"[info] the turn is paused on {pending} unanswered interrupt(s){hint}")
         return None
+
+    def _history(self) -> None:
+        """``/history``: the stored messages, oldest first, then the turn in progress."""
+        messages = self.client.get_messages(self._sid)
+        for message in messages:
+            self.console.say(format_message(message))
+        session = self.client.get_session(self._sid)
+        if session.status in _BUSY:
+            self._show_turn(session)
+        elif not messages:
+            self.console.note("[info] no messages yet")
+
+    def _show_turn(self, session: SessionResponse) -> None:
+        """What the turn in progress is about: the message that started it (who sent it,
+        when) and what the agent said in it so far, from the session's live ``turn``."""
+        turn = session.turn if isinstance(session.turn, dict) else {}
+        message = turn.get("message") if isinstance(turn.get("message"), dict) else {}
+        content = message.get("content")
+        if isinstance(content, str):
+            sender = turn.get("sent_by")
+            who = visible(sender) if isinstance(sender, str) and sender != "anonymous" else "the user"
+            when = f" at {visible(turn['started_at'])}" if isinstance(turn.get("started_at"), str) else ""
+            self.console.say(f"[turn in progress] {who} asked{when}:\n  " + visible(content, multiline=True).replace("\n", "\n  "))
+        said = [step["text"] for step in turn.get("steps") or []
+                if isinstance(step, dict) and step.get("kind") == "model" and isinstance(step.get("text"), str) and step["text"].strip()]
+        if said:
+            self.console.say("[the agent said] " + visible("\n\n".join(said), multiline=True).replace("\n", "\n  "))
 
     def _delete(self) -> bool:
         """``/delete``: delete the session (asking first while a turn is in progress)."""

@@ -43,8 +43,8 @@ from motus.client.library import (
     SessionSummary,
     Webhook,
 )
-from motus.models import ChatMessage
 from motus.client.chat import EXIT_INTERRUPTED, Chat, Console, describe_error, visible, visible_json
+from motus.client.terminal import format_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -185,26 +185,6 @@ def format_sessions(rows: list[SessionSummary]) -> str:
         for sid, row in zip(ids, rows)
     )
     return "\n".join(lines)
-
-
-def format_message(message: ChatMessage) -> str:
-    """``role: content``, tool calls as ``name(arguments)``, continuation lines indented.
-
-    Control and bidi characters are escaped; only the content keeps its line feeds.
-    """
-    who = visible(message.role) + (f" ({visible(message.name)})" if message.name and message.role == "tool" else "")
-    parts = []
-    if message.content:
-        parts.append(visible(message.content, multiline=True))
-    for call in message.tool_calls or []:
-        parts.append(f"-> {visible(call.function.name)}({visible(call.function.arguments)})")
-    if message.base64_image:
-        parts.append("[image]")
-    if message.user_params:
-        parts.append("user_params: " + visible_json(message.user_params))
-    body = "\n".join(parts) if parts else "(empty)"
-    first, *rest = body.split("\n")
-    return "\n".join([f"{who}: {first}", *("  " + line for line in rest)])
 
 
 # --------------------------------------------------------------------------- commands

@@ -31,7 +31,10 @@ import sys
 import threading
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from motus.models import ChatMessage
 
 #: What must never reach a terminal raw: C0 controls (the tab and the line feed are allowed
 #: back in by ``visible(..., multiline=True)``), DEL and C1 controls, the Unicode bidi
@@ -234,3 +237,23 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def format_message(message: ChatMessage) -> str:
+    """``role: content``, tool calls as ``name(arguments)``, continuation lines indented.
+
+    Control and bidi characters are escaped; only the content keeps its line feeds.
+    """
+    who = visible(message.role) + (f" ({visible(message.name)})" if message.name and message.role == "tool" else "")
+    parts = []
+    if message.content:
+        parts.append(visible(message.content, multiline=True))
+    for call in message.tool_calls or []:
+        parts.append(f"-> {visible(call.function.name)}({visible(call.function.arguments)})")
+    if message.base64_image:
+        parts.append("[image]")
+    if message.user_params:
+        parts.append("user_params: " + visible_json(message.user_params))
+    body = "\n".join(parts) if parts else "(empty)"
+    first, *rest = body.split("\n")
+    return "\n".join([f"{who}: {first}", *("  " + line for line in rest)])

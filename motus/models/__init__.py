@@ -22,7 +22,9 @@ __all__ = [
     "ChatCompletion",
     "ChatClient",
     "ModelError",
+    "ScriptedChatClient",
     "Usage",
+    "tool_calls",
 ]
 
 _CLIENTS = {
@@ -37,6 +39,10 @@ _CLIENTS = {
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("ScriptedChatClient", "tool_calls"):
+        from motus.models import scripted
+
+        return getattr(scripted, name)
     if name in _CLIENTS:
         from motus.models import clients
 

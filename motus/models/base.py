@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from motus.models.messages import ChatMessage
 
-__all__ = ["Usage", "ChatCompletion", "ModelError", "ChatClient"]
+__all__ = ["Usage", "ChatCompletion", "ModelError", "ChatClient", "completion_record", "completion_from_record"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,35 @@ class ChatCompletion:
     model: str | None = None
     finish_reason: str | None = None
     raw: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def completion_record(completion: ChatCompletion) -> dict[str, Any]:
+    """A reply as a journal records it: plain JSON in the OpenAI chat-completions shape
+    (``choices[0].message``), which the live view of a turn reads. Any object with a
+    ``message`` (a ``ChatMessage`` or its dict) and a ``usage`` will do: a client of the
+    user's own need not return this very class."""
+    message = completion.message
+    if not isinstance(message, ChatMessage):
+        message = ChatMessage.model_validate(message)
+    usage = getattr(completion, "usage", None) or Usage()
+    return {
+        "choices": [{"message": message.model_dump(mode="json"), "finish_reason": getattr(completion, "finish_reason", None)}],
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+        "model": getattr(completion, "model", None),
+    }
+
+
+def completion_from_record(record: dict[str, Any]) -> ChatCompletion:
+    """The reply ``completion_record`` recorded."""
+    choice = record["choices"][0]
+    usage = record.get("usage") or {}
+    return ChatCompletion(
+        message=ChatMessage.model_validate(choice["message"]),
+        usage=Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
+        model=record.get("model"),
+        finish_reason=choice.get("finish_reason"),
+        raw=record,
+    )
 
 
 class ModelError(RuntimeError):

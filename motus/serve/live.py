@@ -167,12 +167,19 @@ def _no_time(_at: Any) -> None:
 
 
 def describe_turn(
-    turn_id: int, message: dict[str, Any], journal: Iterable[JournalEntry], isoformat: Any, started_at: float | None = None
+    turn_id: int,
+    message: dict[str, Any],
+    journal: Iterable[JournalEntry],
+    isoformat: Any,
+    started_at: float | None = None,
+    by: str | None = None,
 ) -> dict[str, Any]:
-    """The ``turn`` object: the message that started it, when, and what happened since."""
+    """The ``turn`` object: the message that started it, when and by whom (the name of the
+    key that sent it), and what happened since."""
     return {
         "turn_id": turn_id,
         "started_at": isoformat(started_at),
+        "sent_by": by,
         "message": message,
         "steps": [describe_step(entry, isoformat) for entry in sorted(journal, key=lambda e: e.seq)],
     }

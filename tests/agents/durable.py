@@ -211,3 +211,26 @@ files = PidRecording(
         tools=[touch, hold, ask_user_question],
     )
 )
+
+
+# -- a ReAct agent over a model client of the user's own (not one of motus's HTTP clients) --
+
+
+def _own_model(messages: list[ChatMessage], tools: object) -> ChatMessage | str:
+    """The script of ``own_client``: each call is one line in ``model-calls``, so a test
+    counts how often the client was asked (a replay must not ask it again)."""
+    from motus.models.scripted import calls_this_turn, tool_calls
+
+    _append("model-calls", str(calls_this_turn(messages)))
+    if calls_this_turn(messages) == 0:
+        return tool_calls(("touch", {"path": "old_logs.txt"}), text="I'll remove the old logs first.")
+    return "Done: the old logs are gone."
+
+
+def _scripted() -> object:
+    from motus.models import ScriptedChatClient
+
+    return ScriptedChatClient(_own_model)
+
+
+own_client = PidRecording(ReActAgent(client=_scripted(), model_name="own", tools=[touch]))

@@ -53,8 +53,8 @@ class Queries:
     def messages(self: Machine, session_id: str) -> list[dict[str, Any]]:
         return self._read(session_id, lambda session: list(session.state))
 
-    def live(self: Machine, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
-        """A snapshot of the live turn (its id, message, journal and start time), or None
+    def live(self: Machine, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None, str | None] | None:
+        """A snapshot of the live turn (its id, message, journal, start time and sender), or None
         when the session has no turn running or waiting."""
         try:
             return self._read(session_id, _live_turn)
@@ -63,7 +63,7 @@ class Queries:
 
     def get_with_live(
         self: Machine, session_id: str
-    ) -> tuple[SessionView, tuple[int, dict[str, Any], list[JournalEntry], float | None] | None]:
+    ) -> tuple[SessionView, tuple[int, dict[str, Any], list[JournalEntry], float | None, str | None] | None]:
         """The session's view and its live turn (``live``), read under one lock: the
         interrupts a response lists and the steps it shows are of the same moment (read
         apart, a step written after the last interrupt could show beside a list without it)."""
@@ -241,9 +241,9 @@ def _summary(session: Session) -> SessionSummary:
     return SessionSummary(session.session_id, session.status.value, len(session.state), session.title)
 
 
-def _live_turn(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None] | None:
+def _live_turn(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None, str | None] | None:
     turn = session.turn
     if turn is None or turn.state is TurnState.ENDED:
         return None
-    return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at
+    return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by
 

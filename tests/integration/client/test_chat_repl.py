@@ -59,8 +59,8 @@ def spoof_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def terminal() -> Iterator[Callable[..., Terminal]]:
     opened: list[Terminal] = []
 
-    def open_terminal(*args: str) -> Terminal:
-        term = Terminal("serve", "chat", *args)
+    def open_terminal(*args: str, env: dict[str, str] | None = None) -> Terminal:
+        term = Terminal("serve", "chat", *args, env=env)
         opened.append(term)
         return term
 
@@ -560,6 +560,32 @@ def test_skipped_interrupt_is_answered_later_by_joining_with_session(server, ter
     kept(joined, server, session_id)
     assert joined.wait_exit() == 0
     assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+def test_a_second_approver_is_told_what_the_turn_is_about_and_has_history(start_server, terminal) -> None:
+    """``bob`` joins a session ``alice`` started: before the approval he sees her message
+    (named, with its time), then answers; ``/history`` lists the stored messages."""
+    keyed = start_server(AGENT, "--api-key", "alice=SECRET1", "--api-key", "bob=SECRET2")
+    alice = keyed.with_headers({"Authorization": "Bearer SECRET1"})
+    session_id = alice.create_session()
+    alice.send(session_id, "approve")
+    alice.wait_for_status(session_id, "interrupted")
+
+    bob = terminal(keyed.url, "--session", session_id, env={"MOTUS_API_KEY": "SECRET2"})
+    bob.expect(r"\[turn in progress\] alice asked at 20\d\d-[0-9T:.-]+Z:\n  approve\n")
+    bob.expect_literal("[info] finishing the turn in progress first")
+    bob.expect_literal("Approve? [y/N] ")
+    bob.send("y")
+    bob.expect_literal(got({"approved": True}))
+    bob.expect_literal("> ")
+    bob.send("/history")
+    bob.expect_literal("user: approve\n")
+    bob.expect_literal("assistant: " + got({"approved": True}))
+    bob.expect_literal("> ")
+    bob.send("/quit")
+    assert bob.wait_exit() == 0
+    audit = alice.get(f"/sessions/{session_id}/audit").json()
+    assert [(entry["kind"], entry["by"]) for entry in audit] == [("resolved", "bob")]
 
 
 def test_one_shot_without_a_terminal(server) -> None:

@@ -723,3 +723,31 @@ def test_sigterm_with_the_memory_store_still_cancels_interrupted_turns(start_ser
         assert call["body"]["status"] == "error" and call["body"]["error"] == "Turn cancelled"
     finally:
         sink.close()
+
+
+# -- a model client of the user's own ------------------------------------------------------
+
+
+def test_a_model_client_of_the_users_own_is_journaled_shown_while_waiting_and_not_asked_again(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Any ``chat(...)`` client, not only motus's HTTP ones: what the model said before the
+    gate is in the live view and the inbox while the turn waits, and the parked turn's
+    replay gets the recorded reply (the client is asked twice in all, not three times)."""
+    sandbox = tmp_path / "sandbox"
+    server = start_server("tests.agents.durable:own_client", "--store", store_url(tmp_path / "s.db"), "--park-after", "0",
+                          env=agent_env(sandbox))
+    session_id = start_turn(server, "clean up the logs")
+    [item] = interrupted(server, session_id)["interrupts"]
+    assert_parked(server, sandbox)
+    model, gate = server.get(f"/sessions/{session_id}").json()["turn"]["steps"]
+    assert (model["kind"], model["label"], model["text"]) == ("model", "ScriptedChatClient.chat", "I'll remove the old logs first.")
+    assert model["tool_calls"] == [{"name": "touch", "arguments": {"path": "old_logs.txt"}}]
+    assert gate["interrupt_id"] == item["interrupt_id"]
+    [inbox] = server.get("/interrupts").json()
+    assert inbox["context"]["agent_text"] == "I'll remove the old logs first."
+    assert resume_ok(server, session_id, item["interrupt_id"], {"approved": True})["status"] == "running"
+    assert wait_idle(server, session_id, timeout=20)["response"]["content"] == "Done: the old logs are gone."
+    assert (sandbox / "model-calls").read_text().split() == ["0", "1"]
+    assert len((sandbox / "pids").read_text().split()) == 2  # the turn did run again (a replay)
+    assert len((sandbox / "ran-old_logs.txt").read_text().split()) == 1

@@ -507,7 +507,16 @@ def send_message(session_id: str) -> Response:
 
 @api.get("/sessions/<session_id>/messages")
 def get_messages(session_id: str) -> Response:
-    return jsonify(_server().turns.messages(session_id))
+    """The stored history, as the guide says; with ``?senders=true`` (beyond the guide) each
+    user message that started a turn also says who sent it and when (``sent_by``,
+    ``sent_at``), where the server knows."""
+    if not _flag("senders"):
+        return jsonify(_server().turns.messages(session_id))
+    messages, senders = _server().turns.messages_and_senders(session_id)
+    for index, sender in senders.items():
+        if index < len(messages):
+            messages[index] = {**messages[index], "sent_by": sender.get("by"), "sent_at": isoformat(sender.get("at"))}
+    return jsonify(messages)
 
 
 @api.post("/sessions/<session_id>/resume")

@@ -217,3 +217,34 @@ def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
     expect(audit).to_contain_text("anonymous: Rejected delete_file")
     expect(chat.page.locator(".msg.record.rejected")).to_contain_text("Reason: not b")
     chat.shot("audit")
+
+
+def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_sent_it(open_chat, start_server, tmp_path):
+    server = start_server(
+        "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice", "--api-key", "bob=s3cret-bob",
+        env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
+    )
+    alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
+    session_id = alice.post("/sessions", json={}).json()["session_id"]
+    alice.post(f"/sessions/{session_id}/messages", json={"content": "delete the old logs file"}).raise_for_status()
+    wait_until(lambda: alice.get(f"/sessions/{session_id}").json()["status"] == "interrupted", what="the approval")
+    sent_at = alice.get(f"/sessions/{session_id}").json()["turn"]["started_at"]
+
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/")
+    chat.page.get_by_label("API key", exact=True).fill("s3cret-bob")
+    chat.page.get_by_role("button", name="Use this key").click()
+    chat.page.goto(server.url + f"/ui/#/sessions/{session_id}")
+    asked = chat.page.locator(".msg.user", has_text="delete the old logs file")
+    expect(asked.locator(".who")).to_contain_text("alice")
+    expect(asked.locator(".who time")).to_have_attribute("datetime", sent_at)
+    chat.card("Approve this tool call?").get_by_role("button", name="Approve", exact=True).click()
+    expect(chat.reply("Deleted old_logs.txt")).to_be_visible()
+    # Stored now: still alice's, at the time she sent it (not when the turn ended).
+    expect(asked.locator(".who")).to_contain_text("alice")
+    expect(asked.locator(".who time")).to_have_attribute("datetime", sent_at)
+    chat.page.reload()
+    expect(chat.page.locator(".msg.user", has_text="delete the old logs file").locator(".who time")).to_have_attribute("datetime", sent_at)
+    # bob's own message is his.
+    chat.send("list the files")
+    expect(chat.page.locator(".msg.user", has_text="list the files").locator(".who")).to_contain_text("bob")

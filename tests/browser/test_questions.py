@@ -154,3 +154,30 @@ def test_keyboard_alone_is_enough(open_chat, example_server):
     expect(chat.reply(f"{QUESTION} -> By type.")).to_be_visible()
     # With the card gone, focus returns to the message box.
     expect(page.get_by_label("Message to the agent")).to_be_focused()
+
+
+def test_the_record_of_a_question_answered_in_a_later_turn_stays_in_that_turn(open_chat, ui_server):
+    """A question answered in turn 2 is recorded between turn 2's message and its reply,
+    not inside turn 1 (before turn 1's reply), also once read back from the audit."""
+    chat = open_chat(ui_server).open()
+    chat.send("hello")
+    expect(chat.reply("echo: hello")).to_be_visible()
+    chat.send("survey")
+    card = chat.card("The agent has 2 questions")
+    card.get_by_role("group", name="Toppings Which toppings do you want?").get_by_role("checkbox", name="Cheese").check()
+    card.get_by_role("button", name="Small").click()
+    card.get_by_role("button", name="Send answers").click()
+    answered = chat.reply("answers=")
+    expect(answered).to_be_visible()
+
+    for _ in ("live", "read back"):
+        record = chat.page.locator(".msg.record")
+        expect(record).to_have_count(1)
+        asked = chat.page.locator(".msg.user .text", has_text="survey")
+        first_reply = chat.reply("echo: hello")
+        y = {name: box.bounding_box()["y"] for name, box in
+             {"first reply": first_reply, "asked": asked, "record": record, "answered": answered}.items()}
+        assert y["first reply"] < y["asked"] < y["record"] < y["answered"], y
+        chat.page.reload()
+        answered = chat.reply("answers=")
+        expect(answered).to_be_visible()

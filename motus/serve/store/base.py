@@ -32,7 +32,8 @@ from motus.durable.records import JournalEntry
 #: records, a session's grants, and an interrupt's creation time, expiry and default. 3
 #: keeps a session's history as a row a message (``messages`` / ``motus_messages``), so a
 #: turn writes only what it changed; the ``state`` column of earlier versions holds ``''``.
-#: 4 adds a session's title (``sessions.title``, NULL in rows written before it).
+#: 4 adds a session's title and who sent which of its messages (``sessions.title``,
+#: ``sessions.senders``; NULL in rows written before them).
 SCHEMA_VERSION = 4
 
 #: How many events a store keeps for clients that reconnect (``Last-Event-ID``); older ones
@@ -67,6 +68,11 @@ class TurnRecord:
     started_at: float | None = None  # wall clock
     #: The name of the API key that sent the turn's message (None before version 4).
     by: str | None = None
+
+
+def senders_json(senders: dict[int, dict[str, Any]]) -> str | None:
+    """The ``senders`` column: None when there are none."""
+    return dump_json({str(index): sender for index, sender in senders.items()}) if senders else None
 
 
 def dump_json(value: Any) -> str | None:
@@ -112,8 +118,8 @@ def stored_session(
     columns: Sequence[Any], journal: list[JournalEntry], history: Sequence[str], version: int = 0, owner: str | None = None
 ) -> SessionRecord:
     """A session read back: ``columns`` are its row's session_id, status, response, error,
-    turn_id, touched, turn, grants and title as stored; ``history`` its messages' JSON, in order."""
-    session_id, status, response, error, turn_id, touched, turn, grants, title = columns
+    turn_id, touched, turn, grants, title and senders as stored; ``history`` its messages' JSON, in order."""
+    session_id, status, response, error, turn_id, touched, turn, grants, title, senders = columns
     return SessionRecord(
         session_id=session_id,
         status=status,
@@ -125,6 +131,7 @@ def stored_session(
         turn=turn_from_json(turn_id, turn, journal),
         grants=load_json(grants) or {},
         title=title,
+        senders={int(index): sender for index, sender in (load_json(senders) or {}).items()},
         version=version,
         owner=owner,
     )
@@ -244,6 +251,9 @@ class SessionRecord:
     kept: int = 0
     #: What people call the session: one a client set, or its first user message, shortened.
     title: str | None = None
+    #: Who sent the user messages that started turns, by their index in the history:
+    #: {index: {"by": key name, "at": wall clock}} (the newest ``SENDERS_KEPT``).
+    senders: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class Store(ABC):

@@ -62,6 +62,7 @@ from motus.serve.store.base import (
     has_deadline,
     inbox_contexts,
     load_json,
+    senders_json,
     stored_entry,
     stored_session,
     turn_json,
@@ -94,7 +95,7 @@ CONNECTION_SETTINGS: dict[str, Any] = {
     "application_name": "motus",
 }
 
-_SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner, title"
+_SESSION_COLUMNS = "session_id, status, state, response, error, turn_id, touched, turn, grants, version, owner, title, senders"
 
 
 def where(url: str) -> str:
@@ -287,26 +288,27 @@ class PostgresStore(SharedStore):
                 # A new row's versions start past any an earlier session of the same id used
                 # (deleted, then created again): a copy of that one never looks current.
                 f"INSERT INTO motus_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
+                f"nextval('motus_incarnations') * {_INCARNATION} + 1, %s, %s, %s) ON CONFLICT (session_id) DO NOTHING RETURNING version",
                 (record.session_id, record.status, "", dump_json(record.response), record.error,
-                 record.turn_id, record.touched, turn_text, grants, record.owner, record.title),
+                 record.turn_id, record.touched, turn_text, grants, record.owner, record.title, senders_json(record.senders)),
             )
         elif record.state is None:
             write = (
                 "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
-                "turn = %s, grants = %s, version = %s, owner = %s, title = %s WHERE session_id = %s AND version = %s "
-                "RETURNING version",
+                "turn = %s, grants = %s, version = %s, owner = %s, title = %s, senders = %s WHERE session_id = %s "
+                "AND version = %s RETURNING version",
                 (record.status, dump_json(record.response), record.error, record.turn_id, record.touched, turn_text,
-                 grants, new_version, record.owner, record.title, record.session_id, record.version),
+                 grants, new_version, record.owner, record.title, senders_json(record.senders), record.session_id,
+                 record.version),
             )
         else:
             write = (
                 "UPDATE motus_sessions SET status = %s, state = %s, response = %s, error = %s, turn_id = %s, "
-                "touched = %s, turn = %s, grants = %s, version = %s, owner = %s, title = %s WHERE session_id = %s "
-                "AND version = %s RETURNING version",
+                "touched = %s, turn = %s, grants = %s, version = %s, owner = %s, title = %s, senders = %s "
+                "WHERE session_id = %s AND version = %s RETURNING version",
                 (record.status, "", dump_json(record.response), record.error, record.turn_id,
-                 record.touched, turn_text, grants, new_version, record.owner, record.title, record.session_id,
-                 record.version),
+                 record.touched, turn_text, grants, new_version, record.owner, record.title,
+                 senders_json(record.senders), record.session_id, record.version),
             )
         with self._conn() as conn:
             try:
@@ -651,7 +653,7 @@ def _note(payload: str, changed: dict[str, int]) -> int:
 def _session(row: Sequence[Any], journal: list[JournalEntry], history: list[str]) -> SessionRecord:
     """A ``motus_sessions`` row (``_SESSION_COLUMNS``; its ``state`` column is unused since
     version 3) with its journal and history."""
-    return stored_session((row[0], row[1], *row[3:9], row[11]), journal, history, version=row[9], owner=row[10])
+    return stored_session((row[0], row[1], *row[3:9], row[11], row[12]), journal, history, version=row[9], owner=row[10])
 
 
 def _event(row: Sequence[Any]) -> Event:

@@ -17,8 +17,8 @@ Guarantees:
   a message) by the first instance of version 3 to start, one history in memory at a time:
   stop every instance of the earlier version first, since they read and write the history
   whole (in ``motus_sessions.state``).
-- Version 4 adds ``motus_sessions.title`` (``ADD COLUMN IF NOT EXISTS``: NULL in older rows).
-  Stop the instances of version 3 first: their writes would not keep a title.
+- Version 4 adds ``motus_sessions.title`` and ``senders`` (``ADD COLUMN IF NOT EXISTS``: NULL
+  in older rows). Stop the instances of version 3 first: their writes would not keep them.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ CREATE TABLE IF NOT EXISTS motus_sessions (
     grants TEXT,
     version BIGINT NOT NULL,
     owner TEXT,
-    title TEXT
+    title TEXT,
+    senders TEXT
 );
 ALTER TABLE motus_sessions ADD COLUMN IF NOT EXISTS title TEXT;
+ALTER TABLE motus_sessions ADD COLUMN IF NOT EXISTS senders TEXT;
 CREATE INDEX IF NOT EXISTS motus_sessions_by_owner ON motus_sessions (owner) WHERE owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS motus_journal (
     session_id TEXT NOT NULL,

@@ -58,6 +58,7 @@ from motus.serve.store.base import (
     has_deadline,
     inbox_contexts,
     load_json,
+    senders_json,
     stored_entry,
     stored_session,
     turn_json,
@@ -77,7 +78,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     touched REAL NOT NULL,
     turn TEXT,
     grants TEXT,
-    title TEXT
+    title TEXT,
+    senders TEXT
 );
 CREATE TABLE IF NOT EXISTS journal (
     session_id TEXT NOT NULL,
@@ -130,7 +132,7 @@ CREATE TABLE IF NOT EXISTS messages (
 #: Columns versions 2 and 4 added to tables earlier versions already had (``ALTER TABLE ...
 #: ADD COLUMN``).
 _ADDED_COLUMNS = {
-    "sessions": (("grants", "TEXT"), ("title", "TEXT")),
+    "sessions": (("grants", "TEXT"), ("title", "TEXT"), ("senders", "TEXT")),
     "journal": (("created_at", "REAL"), ("expires_at", "REAL"), ("default_value", "BLOB")),
 }
 
@@ -405,16 +407,16 @@ class SqliteStore(DurableStore):
             if record.state is None:
                 db.execute(
                     "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
-                    "grants = ?, title = ? WHERE session_id = ?",
+                    "grants = ?, title = ?, senders = ? WHERE session_id = ?",
                     (record.status, dump_json(record.response), record.error, record.turn_id, record.touched,
-                     turn_text, grants, record.title, record.session_id),
+                     turn_text, grants, record.title, senders_json(record.senders), record.session_id),
                 )
             else:
                 db.execute(
                     "INSERT OR REPLACE INTO sessions (session_id, status, state, response, error, turn_id, touched, "
-                    "turn, grants, title) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?, ?)",
+                    "turn, grants, title, senders) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?, ?, ?)",
                     (record.session_id, record.status, dump_json(record.response), record.error,
-                     record.turn_id, record.touched, turn_text, grants, record.title),
+                     record.turn_id, record.touched, turn_text, grants, record.title, senders_json(record.senders)),
                 )
                 self._put_history(db, record.session_id, record.state, record.kept)
             if turn is None:
@@ -531,7 +533,7 @@ class SqliteStore(DurableStore):
         return [AuditRecord(session_id=session_id, kind=row[0], at=row[1], by=row[2], data=load_json(row[3])) for row in rows]
 
 
-_SESSION_COLUMNS = "session_id, status, response, error, turn_id, touched, turn, grants, title"
+_SESSION_COLUMNS = "session_id, status, response, error, turn_id, touched, turn, grants, title, senders"
 def _put_messages(db: sqlite3.Connection, session_id: str, first: int, messages: Sequence[object]) -> None:
     # A generator, not a list: each row's JSON is made as it is written, so a long history
     # is never held twice more (as row tuples and as JSON strings) while it is written.

@@ -387,7 +387,9 @@ class Machine:
                                 turn_id=turn.turn_id)]
         audit = [AuditRecord(session.session_id, "resolved", now, by, {
             "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value, "reason": reason,
-            "turn_id": turn.turn_id,
+            # Where the turn's messages start in the history (which changes only when a turn
+            # ends): a client places the record among that turn's messages, not an earlier one's.
+            "turn_id": turn.turn_id, "history_at": len(session.state),
         })]
         grants = session.grants
         tool = remembered_tool(entry.payload, value)
@@ -676,12 +678,13 @@ class Machine:
             error = storable_text(error)
         status = SessionStatus.ERROR if error is not None else SessionStatus.IDLE
         new_state = list(state) if state is not None else session.state
+        senders = session.senders if state is None else _senders(session, turn, new_state)
         events = [
             session.event("error", now, error=error) if error is not None else session.event("message", now, response=response),
             session.event("status", now, status=status.value),
         ]
         self._save(session, session.record(status=status, response=response, error=error, state=new_state, touched=now, turn=None,
-                                           owner=None, kept=kept if state is not None else 0), events=events)
+                                           owner=None, kept=kept if state is not None else 0, senders=senders), events=events)
         if error is not None:
             lines = error.strip().splitlines()
             why = f"its turn ended with an error ({lines[-1] if lines else 'no message'})"
@@ -690,7 +693,7 @@ class Machine:
         for entry in turn.pending():
             session.retire(entry.ref or "", why)
         session.response, session.error, session.state, session.touched = response, error, new_state, now
-        session.owner = None
+        session.owner, session.senders = None, senders
         self._stop_turn_locked(turn, after)
         session.turn = None  # its journal goes with it; late messages from it are ignored
         after.publish.append(session.session_id)
@@ -893,6 +896,25 @@ def _together(messages: list[object]) -> list[object]:
         if message is not None:
             grouped.append(message)
     return grouped
+
+
+#: How many senders of messages a session remembers (the newest).
+SENDERS_KEPT = 200
+
+
+def _senders(session: Session, turn: Turn, new_state: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Who sent which user message, once ``turn`` ended with history ``new_state``: those
+    known of messages the agent kept where they were, and this turn's sender for its message
+    if the agent stored it where the turn began (an agent owns its history: one that
+    rewrites it loses what cannot be matched, never gains a wrong name)."""
+    old = session.state
+    kept = {index: sender for index, sender in session.senders.items()
+            if index < len(old) and index < len(new_state) and new_state[index] == old[index]}
+    at = len(old)
+    stored = new_state[at] if at < len(new_state) else None
+    if turn.by is not None and isinstance(stored, dict) and stored.get("role") == "user" and stored.get("content") == turn.message.get("content"):
+        kept[at] = {"by": turn.by, "at": turn.started_at}
+    return dict(sorted(kept.items())[-SENDERS_KEPT:])
 
 
 def _inbox_view(session: Session) -> dict[str, str]:

@@ -53,6 +53,10 @@ class Queries:
     def messages(self: Machine, session_id: str) -> list[dict[str, Any]]:
         return self._read(session_id, lambda session: list(session.state))
 
+    def messages_and_senders(self: Machine, session_id: str) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+        """The history, and who sent which of its user messages (by index), of one moment."""
+        return self._read(session_id, lambda session: (list(session.state), dict(session.senders)))
+
     def live(self: Machine, session_id: str) -> tuple[int, dict[str, Any], list[JournalEntry], float | None, str | None] | None:
         """A snapshot of the live turn (its id, message, journal, start time and sender), or None
         when the session has no turn running or waiting."""

@@ -300,6 +300,7 @@ class SharedReplicas(Replicas):
         session.version, session.owner, session.touched = fresh.version, fresh.owner, fresh.touched
         session.response, session.error = fresh.response, fresh.error
         session.state, session.turn_id, session.grants, session.title = fresh.state, fresh.turn_id, fresh.grants, fresh.title
+        session.senders = fresh.senders
         if keep:
             answered = []
             for entry in fresh.turn.journal.values():  # type: ignore[union-attr]

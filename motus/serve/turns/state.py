@@ -258,6 +258,8 @@ class Session:
     retired: OrderedDict[str, str] = field(default_factory=OrderedDict)
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool name -> {"by", "at"}
     title: str | None = None  # a client's, or the first user message's (``titles.derived``)
+    #: history index -> {"by", "at"}: who sent the user message that started a turn, and when.
+    senders: dict[int, dict[str, Any]] = field(default_factory=dict)
     deleted: bool = False
     #: Dropped from the server's memory to keep it within ``--session-cache`` (its row is
     #: the whole of it): a thread that took this copy before then looks the session up again.
@@ -309,6 +311,7 @@ class Session:
             "turn": self.turn.record() if self.turn is not None and self.turn.state is not TurnState.ENDED else None,
             "grants": self.grants,
             "title": self.title,
+            "senders": self.senders,
             "version": self.version,
             "owner": self.owner,
         }
@@ -365,6 +368,7 @@ def session_from(record: SessionRecord) -> Session:
         turn_id=record.turn_id,
         grants=dict(record.grants),
         title=record.title,
+        senders=dict(record.senders),
         version=record.version,
         owner=record.owner,
     )

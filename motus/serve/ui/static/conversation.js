@@ -56,7 +56,8 @@ function stampTimes(messages) {
 
 /** Each decision's record, after the stored tool call it decided (a greedy walk in order:
  *  both the audit and the messages are oldest first). A decision that matches no call goes
- *  before the agent's next plain reply. */
+ *  before the agent's next plain reply. A record that says where its turn's messages start
+ *  in the history (``history_at``) is looked for from there on, never in an earlier turn. */
 function withRecords(items, records) {
   const after = new Map(); // item index -> records to insert after it (-1: before all)
   const used = new Set();
@@ -67,6 +68,7 @@ function withRecords(items, records) {
   };
   for (const record of records) {
     const payload = record.payload && typeof record.payload === "object" ? record.payload : {};
+    if (Number.isInteger(record.history_at) && record.history_at > cursor) cursor = Math.min(record.history_at, items.length);
     let placed = false;
     if (typeof payload.tool_name === "string") {
       for (let i = cursor; i < items.length && !placed; i += 1) {
@@ -97,10 +99,17 @@ function withRecords(items, records) {
   return out;
 }
 
+/** Who a user message is from: the name of the key that sent it, where the server knows
+ *  one ("anonymous" is a server without keys: everyone is "You"). */
+function sender(name) {
+  return typeof name === "string" && name && name !== "anonymous" ? name : "You";
+}
+
 function conversationItems(messages, session) {
   stampTimes(messages);
   let items = messages
-    .map((message, i) => ({ kind: "message", message, at: view.times[i] || null }))
+    // A time the server gives (when the message was sent) wins over one this tab noted.
+    .map((message, i) => ({ kind: "message", message, at: (message && typeof message.sent_at === "string" && message.sent_at) || view.times[i] || null }))
     .filter((item) => item.message && typeof item.message === "object");
   const reply = session.response;
   if (session.status === "idle" && reply && typeof reply === "object" && !sameMessage(messages[messages.length - 1], reply)) {
@@ -114,7 +123,7 @@ function conversationItems(messages, session) {
   if (records.length) items = withRecords(items, records);
   if (live) {
     const message = live.message && typeof live.message === "object" ? live.message : { role: "user", content: loadPending(view.sid) };
-    items.push({ kind: "pending", text: String(message.content ?? ""), at: view.turnStartedAt, live: true });
+    items.push({ kind: "pending", text: String(message.content ?? ""), at: live.started_at || view.turnStartedAt, live: true, by: live.sent_by });
     const called = []; // tool calls the model's steps showed, not yet matched to a gate
     for (const step of Array.isArray(live.steps) ? live.steps : []) {
       if (!step || typeof step !== "object") continue;
@@ -174,7 +183,7 @@ function renderItem(item, toolNames) {
     return el(
       "li",
       { class: `msg user pending${item.failed ? " failed" : ""}${item.live ? " live" : ""}` },
-      who("You", item.at),
+      who(sender(item.by), item.at),
       el("div", { class: "text" }, item.text),
       el("p", { class: "note" }, item.failed ? "Not saved: this turn failed." : "Sent; the agent is on it."),
     );
@@ -195,7 +204,7 @@ function renderItem(item, toolNames) {
   if (role === "system") {
     return el("li", { class: "msg system" }, el("details", {}, el("summary", {}, "System instructions"), el("pre", { class: "mono" }, content)));
   }
-  const li = el("li", { class: `msg ${role}` }, who(role === "user" ? "You" : "Agent", item.at));
+  const li = el("li", { class: `msg ${role}` }, who(role === "user" ? sender(m.sent_by) : "Agent", item.at));
   if (content) li.append(role === "assistant" ? el("div", { class: "text md" }, renderMarkdown(content)) : el("div", { class: "text" }, content));
   if (typeof m.base64_image === "string" && /^[A-Za-z0-9+/=\s]+$/.test(m.base64_image)) {
     li.append(el("img", { class: "attachment", alt: "Image attached to this message", src: `data:image/png;base64,${m.base64_image.replace(/\s/g, "")}` }));

@@ -175,7 +175,7 @@ async function runLoop(generation, sid) {
       else if (!response.ok) throw new Error(`${response.status}: ${await detailOf(response)}`);
       else session = await readJson(response);
       if (session && current()) {
-        const listed = await api("GET", sessionPath(sid, "/messages"), { signal: controller.signal });
+        const listed = await api("GET", sessionPath(sid, "/messages") + "?senders=true", { signal: controller.signal });
         if (listed.status === 404) gone = true;
         else if (!listed.ok) throw new Error(`${listed.status}: ${await detailOf(listed)}`);
         else messages = await readJson(listed);

@@ -641,3 +641,30 @@ def test_a_title_survives_a_restart(start_server: Callable[..., Server], sandbox
     server.stop()
     again = start_server(CALLS, "--store", store, env=env(sandbox))
     assert [row["title"] for row in again.get("/sessions", params={"titles": "true"}).json()] == ["after"]
+
+
+def test_the_history_says_who_sent_each_message_when_asked(start_server: Callable[..., Server], sandbox: Path) -> None:
+    """``GET /sessions/{id}/messages?senders=true``: each user message that started a turn
+    names the key that sent it and when (for the web chat's "alice", not "You"); without the
+    flag the history is the guide's, exactly."""
+    server = start_server(CALLS, "--api-key", f"alice={ALICE}", "--api-key", f"bob={BOB}", env=env(sandbox))
+    alice = server.with_headers({"Authorization": f"Bearer {ALICE}"})
+    bob = server.with_headers({"Authorization": f"Bearer {BOB}"})
+    session_id = start(alice, "delete_file a")
+    [item] = pending(alice, session_id)
+    started = alice.get(f"/sessions/{session_id}").json()["turn"]
+    assert started["sent_by"] == "alice"
+    assert resume(bob, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    alice.wait_for_status(session_id, "idle")
+    bob.send(session_id, "delete_file b")
+    [item] = pending(bob, session_id)
+    assert resume(alice, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    bob.wait_for_status(session_id, "idle")
+
+    plain = bob.get(f"/sessions/{session_id}/messages").json()
+    assert all("sent_by" not in message and "sent_at" not in message for message in plain)
+    told = bob.get(f"/sessions/{session_id}/messages", params={"senders": "true"}).json()
+    users = [(m["content"], m.get("sent_by"), m.get("sent_at")) for m in told if m["role"] == "user"]
+    assert [(content, by) for content, by, _ in users] == [("delete_file a", "alice"), ("delete_file b", "bob")]
+    assert users[0][2] == started["started_at"] and users[0][2] < users[1][2]
+    assert [{k: v for k, v in m.items() if k not in ("sent_by", "sent_at")} for m in told] == plain

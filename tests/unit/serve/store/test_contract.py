@@ -336,7 +336,7 @@ def test_pending_interrupts_and_live_turns_are_read_from_the_rows(durable: Backe
     assert {t.session_id: t.timed for t in store.live_turns()}["expires"] is True  # its interrupt expires
 
 
-def test_a_title_and_the_inbox_context_of_each_waiting_session_are_read_from_the_rows(durable: Backend) -> None:
+def test_a_title_its_senders_and_the_inbox_context_of_each_waiting_session_are_read_from_the_rows(durable: Backend) -> None:
     """What the inbox shows beside an interrupt: the session's title, the waiting turn (its
     message and sender) and its finished model records only; sessions not waiting are not
     read. A title round-trips, through a store opened afresh too."""
@@ -345,7 +345,7 @@ def test_a_title_and_the_inbox_context_of_each_waiting_session_are_read_from_the
     unfinished = replace(MODEL_CALL, seq=5, done=False, value=None)
     durable.save(store, session("asks", title="Invoices", turn=turn), [PENDING, MODEL_CALL, STARTED, unfinished])
     durable.save(store, session("runs", status="running", turn=live_turn()), [MODEL_CALL])
-    durable.save(store, session("idle", title="Done already"))
+    durable.save(store, session("idle", title="Done already", senders={0: {"by": "alice", "at": 1.5}, 12: {"by": "bob", "at": 2.5}}))
     contexts = store.inbox_contexts()
     assert set(contexts) == {"asks"}
     assert contexts["asks"].title == "Invoices"
@@ -353,7 +353,9 @@ def test_a_title_and_the_inbox_context_of_each_waiting_session_are_read_from_the
     assert contexts["asks"].turn.journal == [MODEL_CALL]
     assert {s.session_id: s.title for s in store.summaries()} == {"asks": "Invoices", "runs": None, "idle": "Done already"}
     assert store.load_one("asks").title == "Invoices" and store.load_one("asks").turn.by == "alice"  # type: ignore[union-attr]
-    assert {r.session_id: r.title for r in durable.reload()}["idle"] == "Done already"
+    reloaded = {r.session_id: r for r in durable.reload()}
+    assert reloaded["idle"].title == "Done already" and reloaded["asks"].senders == {}
+    assert reloaded["idle"].senders == {0: {"by": "alice", "at": 1.5}, 12: {"by": "bob", "at": 2.5}}
 
 
 def test_the_store_takes_what_the_memory_store_does(durable: Backend) -> None:

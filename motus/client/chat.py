@@ -288,7 +288,9 @@ class Chat:
             if content is None or self.client.get_session(self._sid).status in _BUSY:
                 if content is not None:
                     self.console.note("[info] the previous turn is still waiting; finishing it first")
-                outcome = self._show(self._drive(), one_shot)
+                finished = self._drive()
+                self._spinner.stop()  # erase the "working" line before the outcome is printed
+                outcome = self._show(finished, one_shot)
                 if outcome is None and content is not None:
                     self.console.note("[info] message not sent")
                 if outcome is None or content is None:

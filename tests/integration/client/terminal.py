@@ -70,10 +70,11 @@ class Terminal:
     def expect_literal(self, text: str, timeout: float = 20.0) -> re.Match[str]:
         return self.expect(re.escape(text), timeout)
 
-    def read_raw_until(self, data: bytes, timeout: float = 20.0) -> None:
-        """Wait until ``data`` appears in the raw bytes (escape sequences included)."""
+    def read_raw_until(self, data: bytes, timeout: float = 20.0, after: int = 0) -> None:
+        """Wait until ``data`` appears in the raw bytes (escape sequences included), past
+        the first ``after`` of them."""
         deadline = time.monotonic() + timeout
-        while data not in self.raw:
+        while self.raw.find(data, after) < 0:
             remaining = deadline - time.monotonic()
             if self._eof or remaining <= 0:
                 raise AssertionError(f"{data!r} never appeared; output:\n{self.text()}")

@@ -477,6 +477,31 @@ def test_ctrl_c_while_the_agent_works_stops_waiting_only(server, terminal, tmp_p
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
+def test_the_reply_of_a_turn_waited_for_again_starts_on_a_clean_line(server, terminal, tmp_path) -> None:
+    """Waiting again for an unfinished turn (Enter after a Ctrl-C, or joining it with
+    --session) shows the spinner; its reply is printed once the spinner's line is erased,
+    never glued after "| working"."""
+    gate = tmp_path / "gate"
+    chat = terminal(server.url)
+    session_id = banner(chat)
+    chat.expect_literal("> ")
+    chat.send(f"gate {gate}")
+    chat.read_raw_until(b" working")
+    chat.ctrl_c()
+    chat.expect_literal("> ")
+    chat.send("")  # wait for it again: the spinner runs until the turn ends
+    chat.read_raw_until(b" working", after=len(chat.raw))
+    gate.touch()
+    chat.expect_literal(got("opened"))
+    reply = chat.raw.rindex(got("opened").encode())
+    assert chat.raw[:reply].endswith((b"\x1b[K", b"\n")), chat.raw[reply - 40:reply + 20]
+    chat.expect_literal("> ")
+    chat.send_eof()
+    kept(chat, server, session_id)
+    assert chat.wait_exit() == 0
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
 def test_delete_is_explicit_and_asks_while_a_turn_waits(server, terminal) -> None:
     chat = terminal(server.url)
     session_id = banner(chat)

@@ -580,6 +580,8 @@ def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_
     finally:
         for thread in threads:
             thread.join(120)
+    failed = {n: r for n, r in results.items() if not isinstance(r, Server)}
+    assert len(failed) == 1, "instances that did not start: " + "\n".join(str(r)[:2000] for r in failed.values())
     rows = all_rows(pg_url)
     assert {row[0] for row in sql(pg_url, "SELECT DISTINCT state FROM motus_sessions")} == {""}
     assert sql(pg_url, "SELECT value FROM motus_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
@@ -587,8 +589,6 @@ def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_
              if [seq for seq, _ in rows.get(sid, [])] != list(range(len(messages)))
              or canon([m for _, m in rows.get(sid, [])]) != canon(messages)]
     assert not wrong, f"{len(wrong)} histories not moved exactly once, e.g. {wrong[:3]}"
-    failed = {n: r for n, r in results.items() if not isinstance(r, Server)}
-    assert len(failed) == 1, "instances that did not start: " + "\n".join(str(r)[:300] for r in failed.values())
     servers = [r for r in results.values() if isinstance(r, Server)]
     for server in servers:
         for sid in list(histories)[:: MIGRATED // 8]:

@@ -152,9 +152,9 @@ def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, 
     chat.page.get_by_role("button", name="Use this key").click()
     inbox = chat.page.locator("#inbox-list")
     expect(inbox.locator("article.card")).to_have_count(4)
-    groups = inbox.locator(".inbox-session")
-    expect(groups).to_have_count(2)
-    one, two = groups.nth(0), groups.nth(1)
+    expect(inbox.locator(".inbox-session")).to_have_count(2)
+    # (in the order of their oldest items: the two turns run at once, either may ask first)
+    one, two = (inbox.locator(f'.inbox-session[data-session-id="{sid}"]') for sid in (first, second))
     expect(one.locator(".inbox-session-title")).to_have_text("delete and move both")
     expect(one.locator(".inbox-message")).to_contain_text("alice asked at")
     expect(one.locator(".inbox-message .inbox-text")).to_have_text("delete and move both")
@@ -172,7 +172,8 @@ def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, 
 
     # The sidebar names sessions by their titles.
     sidebar = chat.page.get_by_role("navigation", name="Sessions").locator("#session-list")
-    expect(sidebar.locator(".session-title")).to_have_text(["Archive the notes", "delete and move both"])
+    expect(sidebar.locator(f'a[data-sid="{first}"] .session-title')).to_have_text("delete and move both")
+    expect(sidebar.locator(f'a[data-sid="{second}"] .session-title')).to_have_text("Archive the notes")
 
 
 def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
@@ -247,4 +248,7 @@ def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_s
     expect(chat.page.locator(".msg.user", has_text="delete the old logs file").locator(".who time")).to_have_attribute("datetime", sent_at)
     # bob's own message is his.
     chat.send("list the files")
-    expect(chat.page.locator(".msg.user", has_text="list the files").locator(".who")).to_contain_text("bob")
+    mine = chat.page.locator(".msg.user", has_text="list the files")
+    expect(chat.page.locator(".msg.assistant").last).to_contain_text("invoice_2024.pdf")  # the listing: the turn ended
+    expect(mine).to_have_count(1)
+    expect(mine.locator(".who")).to_contain_text("bob")

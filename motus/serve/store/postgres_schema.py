@@ -17,8 +17,11 @@ Guarantees:
   a message) by the first instance of version 3 to start, one history in memory at a time:
   stop every instance of the earlier version first, since they read and write the history
   whole (in ``motus_sessions.state``).
-- Version 4 adds ``motus_sessions.title`` and ``senders`` (``ADD COLUMN IF NOT EXISTS``: NULL
-  in older rows). Stop the instances of version 3 first: their writes would not keep them.
+- Version 4 adds ``motus_sessions.title`` and ``senders`` (NULL in older rows), each only
+  where it is missing: an ``ALTER TABLE`` takes the table's strongest lock, so an instance
+  that started on an up-to-date database would otherwise stop every other instance's
+  reads and writes of the sessions while it starts. Stop the instances of version 3
+  first: their writes would not keep the new columns.
 """
 
 from __future__ import annotations
@@ -48,8 +51,6 @@ CREATE TABLE IF NOT EXISTS motus_sessions (
     title TEXT,
     senders TEXT
 );
-ALTER TABLE motus_sessions ADD COLUMN IF NOT EXISTS title TEXT;
-ALTER TABLE motus_sessions ADD COLUMN IF NOT EXISTS senders TEXT;
 CREATE INDEX IF NOT EXISTS motus_sessions_by_owner ON motus_sessions (owner) WHERE owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS motus_journal (
     session_id TEXT NOT NULL,
@@ -134,6 +135,7 @@ def create_schema(conn: Any, url: str, put_history: PutHistory) -> None:
                         f"understands ({SCHEMA_VERSION}); upgrade motus. The database was not changed."
                     )
         conn.execute(SCHEMA)
+        _add_missing_columns(conn)
         if version != SCHEMA_VERSION:
             _move_histories(conn, put_history)
         conn.execute(
@@ -141,6 +143,22 @@ def create_schema(conn: Any, url: str, put_history: PutHistory) -> None:
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
             (str(SCHEMA_VERSION),),
         )
+
+
+#: Columns later versions added to tables an earlier one created: table -> ((name, type), ...).
+ADDED_COLUMNS = {"motus_sessions": (("title", "TEXT"), ("senders", "TEXT"))}
+
+
+def _add_missing_columns(conn: Any) -> None:
+    """Add the columns of ``ADDED_COLUMNS`` a table lacks (in the caller's transaction)."""
+    for table, columns in ADDED_COLUMNS.items():
+        have = {name for (name,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s",
+            (table,),
+        ).fetchall()}
+        for name, kind in columns:
+            if name not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 def _move_histories(conn: Any, put_history: PutHistory) -> None:

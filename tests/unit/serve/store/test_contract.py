@@ -590,3 +590,37 @@ def test_a_deleted_session_leaves_no_rows_and_its_id_starts_afresh(pg_url: str, 
         assert conn.execute("SELECT count(*) FROM motus_messages WHERE session_id = 's1'").fetchone()[0] == 0
     a.save(record(state=[MESSAGE]))
     assert b.load_one("s1").state == [MESSAGE]
+
+
+def test_an_instance_starting_on_an_up_to_date_database_takes_no_table_lock(pg_url: str) -> None:
+    """Adding version 4's columns is done only where they are missing: an ``ALTER TABLE``
+    takes the sessions table's strongest lock, which would wait behind any open transaction
+    that read it (and hold every other instance's reads behind itself) at every start."""
+    import threading
+
+    import psycopg
+
+    from motus.serve.store.postgres import PostgresStore
+
+    first = PostgresStore(pg_url)
+    first.open()  # an up-to-date database
+    opened: list[BaseException | None] = []
+    try:
+        with psycopg.connect(pg_url) as reader:  # a transaction that read the sessions, still open
+            reader.execute("SELECT count(*) FROM motus_sessions").fetchone()
+            second = PostgresStore(pg_url)
+
+            def start() -> None:
+                try:
+                    second.open()
+                    opened.append(None)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    opened.append(exc)
+
+            thread = threading.Thread(target=start)
+            thread.start()
+            thread.join(20)
+            assert not thread.is_alive() and opened == [None], f"the start waited on the open transaction: {opened}"
+            second.close()
+    finally:
+        first.close()

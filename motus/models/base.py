@@ -60,6 +60,10 @@ def completion_record(completion: ChatCompletion) -> dict[str, Any]:
     if not isinstance(message, ChatMessage):
         message = ChatMessage.model_validate(message)
     usage = getattr(completion, "usage", None) or Usage()
+    if isinstance(usage, dict):  # a client of the user's own may give the provider's own dict
+        usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    elif not isinstance(usage, Usage):
+        usage = Usage(int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0))
     return {
         "choices": [{"message": message.model_dump(mode="json"), "finish_reason": getattr(completion, "finish_reason", None)}],
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},

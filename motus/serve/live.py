@@ -142,10 +142,14 @@ def _finished_step(entry: JournalEntry) -> dict[str, Any]:
 def agent_text(replies: Iterable[JournalEntry]) -> str | None:
     """What the agent said so far in a turn: the text of its finished model records, in
     order, a blank line between replies; None when it said nothing. A long text keeps its
-    end, where the words that led to the pending question are."""
+    end, where the words that led to the pending question are. A model record inside
+    another (a client of the user's own around one of motus's, each journaled) is the same
+    reply: it is read once, from the outer one."""
+    entries = sorted(replies, key=lambda e: e.seq)
+    models = {entry.seq for entry in entries if entry.kind == MODEL}
     texts = []
-    for entry in sorted(replies, key=lambda e: e.seq):
-        if entry.kind != MODEL or not entry.done:
+    for entry in entries:
+        if entry.kind != MODEL or not entry.done or entry.parent in models:
             continue
         text = describe_step(entry, _no_time).get("text")
         if isinstance(text, str) and text.strip():
@@ -176,10 +180,13 @@ def describe_turn(
 ) -> dict[str, Any]:
     """The ``turn`` object: the message that started it, when and by whom (the name of the
     key that sent it), and what happened since."""
+    entries = sorted(journal, key=lambda e: e.seq)
+    models = {entry.seq for entry in entries if entry.kind == MODEL}
     return {
         "turn_id": turn_id,
         "started_at": isoformat(started_at),
         "sent_by": by,
         "message": message,
-        "steps": [describe_step(entry, isoformat) for entry in sorted(journal, key=lambda e: e.seq)],
+        # (a model record inside another is the same reply, journaled twice: shown once)
+        "steps": [describe_step(entry, isoformat) for entry in entries if not (entry.kind == MODEL and entry.parent in models)],
     }

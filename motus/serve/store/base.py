@@ -140,7 +140,7 @@ def stored_session(
 def inbox_contexts(
     sessions: Sequence[Sequence[Any]], replies: Sequence[tuple[str, JournalEntry]]
 ) -> dict[str, InboxContext]:
-    """``DurableStore.inbox_contexts`` from its two reads: each interrupted session's
+    """The contexts of ``DurableStore.inbox`` from its reads: each interrupted session's
     session_id, turn_id, turn column and title; and their live turns' finished model
     records, with the session id, in order."""
     journals: dict[str, list[JournalEntry]] = {}
@@ -385,11 +385,10 @@ class DurableStore(Store):
         time, then id)."""
 
     @abstractmethod
-    def inbox_contexts(self) -> dict[str, InboxContext]:
-        """What an approver needs to know of each ``interrupted`` session besides its
-        pending interrupts: its title, and its live turn's message and model replies. Read
-        apart from ``pending_interrupts``: a session interrupted between the two reads may
-        be missing here (its items then come without context)."""
+    def inbox(self) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+        """``pending_interrupts``, and what an approver needs to know of each of their
+        sessions: its title, and its live turn's message and finished model records. Read
+        in one snapshot: an item is never shown beside another turn's message."""
 
     @abstractmethod
     def live_turns(self) -> list[LiveTurn]:

@@ -228,17 +228,13 @@ class PostgresStore(SharedStore):
 
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
         with self._conn() as conn:
-            rows = conn.execute(
-                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
-                " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
-                "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done ORDER BY coalesce(j.created_at, 0), j.ref"
-            ).fetchall()
-        return [(row[0], stored_entry(row[1:])) for row in rows]
+            return _pending_interrupts(conn)
 
-    def inbox_contexts(self) -> dict[str, InboxContext]:
+    def inbox(self) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
         with self._conn() as conn:
-            with conn.transaction():  # one snapshot: the rows and their replies agree
+            with conn.transaction():  # one snapshot: the items, their sessions and replies agree
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                pending = _pending_interrupts(conn)
                 rows = conn.execute(
                     "SELECT session_id, turn_id, turn, title FROM motus_sessions WHERE status = 'interrupted'"
                 ).fetchall()
@@ -247,7 +243,7 @@ class PostgresStore(SharedStore):
                     " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
                     "WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done ORDER BY j.session_id, j.seq"
                 ).fetchall()
-        return inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
+        return pending, inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
 
     def live_turns(self) -> list[LiveTurn]:
         with self._conn() as conn:
@@ -641,6 +637,15 @@ def _division_by_zero() -> type[BaseException]:
     from psycopg import errors
 
     return errors.DivisionByZero
+
+
+def _pending_interrupts(conn: Any) -> list[tuple[str, JournalEntry]]:
+    rows = conn.execute(
+        f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
+        " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+        "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done ORDER BY coalesce(j.created_at, 0), j.ref"
+    ).fetchall()
+    return [(row[0], stored_entry(row[1:])) for row in rows]
 
 
 def _note(payload: str, changed: dict[str, int]) -> int:

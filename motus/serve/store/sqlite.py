@@ -358,15 +358,19 @@ class SqliteStore(DurableStore):
 
     def pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
         with self._lock:
-            rows = self._db().execute(
-                f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
-                "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
-                "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0 ORDER BY coalesce(j.created_at, 0), j.ref"
-            ).fetchall()
+            return self._pending_interrupts()
+
+    def _pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
+        rows = self._db().execute(
+            f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
+            "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
+            "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0 ORDER BY coalesce(j.created_at, 0), j.ref"
+        ).fetchall()
         return [(row[0], stored_entry(row[1:])) for row in rows]
 
-    def inbox_contexts(self) -> dict[str, InboxContext]:
-        with self._lock:
+    def inbox(self) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+        with self._lock:  # the one connection, under the lock: no commit between the reads
+            pending = self._pending_interrupts()
             db = self._db()
             rows = db.execute("SELECT session_id, turn_id, turn, title FROM sessions WHERE status = 'interrupted'").fetchall()
             replies = db.execute(
@@ -374,7 +378,7 @@ class SqliteStore(DurableStore):
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
                 "WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done = 1 ORDER BY j.session_id, j.seq"
             ).fetchall()
-        return inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
+        return pending, inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
 
     def live_turns(self) -> list[LiveTurn]:
         with self._lock:

@@ -104,8 +104,7 @@ class Queries:
     def _read_inbox(self: Machine, kind: str | None) -> list[InboxEntry]:
         store = self.store
         if isinstance(store, DurableStore):
-            pending = ask_store(store.pending_interrupts)
-            contexts = ask_store(store.inbox_contexts) if pending else {}
+            pending, contexts = ask_store(store.inbox)
             found = []
             for session_id, entry in pending:
                 item = pending_interrupt(entry)

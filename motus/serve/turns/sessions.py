@@ -276,7 +276,7 @@ class Turns(Queries, TimedMoves, Machine):
     def retitle(self, session_id: str, title: str, by: str = ANONYMOUS) -> None:
         """Give the session the title a client chose (checked by the request schema), in
         any status: a title is for people and changes nothing of a turn."""
-        def retitle(session: Session, after: After) -> None:
+        def retitle(session: Session, after: After) -> set[str]:
             if self._closing:
                 raise ServerUnavailable("Server is shutting down")
             now = self._clock()
@@ -284,5 +284,8 @@ class Turns(Queries, TimedMoves, Machine):
                        events=[session.event("title", now, title=title, by=by)])
             session.title, session.touched = title, now
             after.publish.append(session_id)
+            return {item.type for item in session.view().interrupts}
 
-        self._attempt(session_id, retitle)
+        shown = self._attempt(session_id, retitle)
+        if shown:  # its items in the inbox carry the title: the kept inbox is stale, and its polls learn it
+            self.events.publish(session_id, inbox=shown)

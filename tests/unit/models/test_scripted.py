@@ -48,3 +48,13 @@ def test_a_reply_round_trips_through_its_journal_record_in_the_openai_shape() ->
     assert record["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "touch", "arguments": '{"path": "x"}'}
     again = completion_from_record(record)
     assert (again.message, again.model, again.finish_reason, again.usage) == (completion.message, "m", "tool_calls", completion.usage)
+
+
+def test_a_reply_whose_usage_is_the_providers_dict_is_recorded() -> None:
+    class Own:
+        message = {"role": "assistant", "content": "hi"}
+        usage = {"prompt_tokens": 3, "completion_tokens": 4}
+
+    record = completion_record(Own())  # type: ignore[arg-type]
+    assert record["usage"] == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert completion_from_record(record).usage.total_tokens == 7

@@ -85,3 +85,26 @@ def test_a_finished_step_is_rendered_once_and_each_view_gets_its_own_copy() -> N
     # A record that differs in anything (here its value) is a new entry, rendered anew.
     assert describe_step(other, str)["result"] == "result two"
     assert _UNPICKLED == ["result one", "result two"]
+
+
+def test_a_reply_journaled_twice_by_nested_clients_is_shown_and_said_once() -> None:
+    """A client of the user's own around one of motus's: ReActAgent records the reply and
+    the inner client records its HTTP request inside it. The live view and the inbox's
+    ``agent_text`` show it once; the agent's texts are joined in order, the end kept."""
+    from motus.serve.live import agent_text
+
+    outer = JournalEntry(seq=1, kind=MODEL, key="a", label="Own.chat", done=True, value=pack(("ok", OPENAI)))
+    inner = JournalEntry(seq=2, kind=MODEL, key="b", label="openai /chat/completions", done=True, value=pack(("ok", OPENAI)), parent=1)
+    later = JournalEntry(seq=3, kind=MODEL, key="c", label="Own.chat", done=True,
+                         value=pack(("ok", {"choices": [{"message": {"content": "And then this."}}]})))
+    running = JournalEntry(seq=4, kind=MODEL, key="d", label="Own.chat")
+    assert agent_text([later, inner, outer, running]) == "I'll delete it.\n\nAnd then this."
+    steps = describe_turn(1, MESSAGE, [outer, inner, later], isoformat)["steps"]
+    assert [step["seq"] for step in steps] == [1, 3]
+    long = JournalEntry(seq=7, kind=MODEL, key="e", label="Own.chat", done=True,
+                        value=pack(("ok", {"choices": [{"message": {"content": "x" * 1500 + "END"}}]})))
+    again = JournalEntry(seq=6, kind=MODEL, key="f", label="Own.chat", done=True,
+                         value=pack(("ok", {"choices": [{"message": {"content": "y" * 1500}}]})))
+    said = agent_text([outer, again, long]) or ""
+    assert said.endswith("END") and len(said) < MAX_TEXT + 60 and said.startswith("(")
+    assert agent_text([running]) is None and agent_text([]) is None

@@ -64,8 +64,10 @@ export function markCurrentInList() {
   }
   const title = view.sid ? titles.get(view.sid) : null;
   if (title) {
-    $("conversation-title").replaceChildren(...visibleText(title));
-    document.title = `motus chat: ${title}`;
+    const marked = visibleText(title);
+    $("conversation-title").replaceChildren(...marked);
+    // The tab's title is plain text: hidden characters as their marks there too.
+    document.title = `motus chat: ${marked.map((node) => (typeof node === "string" ? node : node.textContent)).join("")}`;
   }
 }
 

@@ -573,6 +573,10 @@ def test_each_inbox_item_says_what_its_turn_asked_and_who_asked(
     assert context["sent_by"] == "alice" and context["sent_at"].endswith("Z") and context["sent_at"] <= item["created_at"]
     assert context["agent_text"] == "I will remove the old logs."
     assert (item["position"], item["of"]) == (1, 1)
+    # Renamed while it waits: the inbox (kept until it changes) says the new title.
+    assert alice.patch(f"/sessions/{session_id}", json={"title": "Clean the logs"}).status_code == 200
+    [item] = server.with_headers({"Authorization": f"Bearer {BOB}"}).get("/interrupts").json()
+    assert item["context"]["session_title"] == "Clean the logs"
 
 
 def test_inbox_items_are_numbered_within_their_session(start_server: Callable[..., Server], sandbox: Path) -> None:

@@ -346,7 +346,8 @@ def test_a_title_its_senders_and_the_inbox_context_of_each_waiting_session_are_r
     durable.save(store, session("asks", title="Invoices", turn=turn), [PENDING, MODEL_CALL, STARTED, unfinished])
     durable.save(store, session("runs", status="running", turn=live_turn()), [MODEL_CALL])
     durable.save(store, session("idle", title="Done already", senders={0: {"by": "alice", "at": 1.5}, 12: {"by": "bob", "at": 2.5}}))
-    contexts = store.inbox_contexts()
+    pending, contexts = store.inbox()
+    assert pending == store.pending_interrupts() == [("asks", PENDING)]
     assert set(contexts) == {"asks"}
     assert contexts["asks"].title == "Invoices"
     assert (contexts["asks"].turn.message, contexts["asks"].turn.by, contexts["asks"].turn.started_at) == (MESSAGE, "alice", 1767225599.0)

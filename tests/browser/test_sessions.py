@@ -170,3 +170,20 @@ def test_api_key_is_asked_once_and_kept_for_the_tab(open_chat, keyed_server):
     # The page and its files were fetched without a key, and are public.
     assert all("authorization" not in r.all_headers() for r in chat.requests if "/ui/" in r.url)
     assert requests.get(keyed_server.url + "/ui/app.js", timeout=5).status_code == 200
+
+
+def test_a_session_opened_before_its_key_is_entered_is_read_by_one_loop(open_chat, start_server):
+    """Opening a session's address on a keyed server asks for the key; once it is given the
+    session is read by one request loop (the conftest's check: never two reads of a session
+    at once), not by the loop of the first navigation too."""
+    server = start_server("tests.agents.ui:agent", "--api-key", "alice=s3cret-alice")
+    alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
+    session_id = alice.post("/sessions", json={}).json()["session_id"]
+    alice.post(f"/sessions/{session_id}/messages", json={"content": "hello"}).raise_for_status()
+    chat = open_chat(server)
+    chat.page.goto(server.url + f"/ui/#/sessions/{session_id}")
+    chat.page.get_by_label("API key", exact=True).fill("s3cret-alice")
+    chat.page.get_by_role("button", name="Use this key").click()
+    expect(chat.reply("echo: hello")).to_be_visible()
+    chat.send("again")
+    expect(chat.reply("echo: again")).to_be_visible()

@@ -66,8 +66,12 @@ export async function api(method, path, { body, signal, headers: extra } = {}) {
       credentials: "same-origin",
     });
     if (response.status !== 401) return response;
+    // Read the refusal to its end: the request is over (an unread body keeps it open).
+    await response.text().catch(() => "");
     // Another request may have fixed the key meanwhile; only ask if ours was current.
     if (auth.key === usedKey) await auth.ask(Boolean(usedKey));
+    // Given up on while the key was asked for (its loop was replaced): not sent again.
+    if (signal && signal.aborted) throw new DOMException("The request was aborted while the key was asked for", "AbortError");
   }
 }
 

@@ -136,6 +136,11 @@ class Chat:
 
     # -- the conversation
 
+    def use_key(self, key: str) -> None:
+        """Answer the page's API key form with ``key``."""
+        self.page.get_by_label("API key", exact=True).fill(key)
+        self.page.get_by_role("button", name="Use this key").click()
+
     def send(self, text: str) -> None:
         self.page.get_by_label("Message to the agent").fill(text)
         self.page.get_by_role("button", name="Send", exact=True).click()
@@ -217,6 +222,19 @@ def example_server(start_server: Callable[..., Server], tmp_path: Path) -> Serve
     server = start_server(EXAMPLE_AGENT, env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")})
     server.extra["sandbox"] = tmp_path / "sandbox"
     return server
+
+
+#: The keys of ``keyed_example_server``: two people, each with a key of their own.
+ALICE_KEY, BOB_KEY = "s3cret-alice", "s3cret-bob"
+
+
+@pytest.fixture
+def keyed_example_server(start_server: Callable[..., Server], tmp_path: Path) -> Server:
+    """The example agent's offline fallback with two named keys, ``alice`` and ``bob``."""
+    return start_server(
+        EXAMPLE_AGENT, "--api-key", f"alice={ALICE_KEY}", "--api-key", f"bob={BOB_KEY}",
+        env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
+    )
 
 
 @pytest.fixture

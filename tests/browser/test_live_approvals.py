@@ -46,8 +46,7 @@ def test_the_record_of_a_decision_stays_in_the_conversation(open_chat, start_ser
     )
     chat = open_chat(server)
     chat.page.goto(server.url + "/ui/")
-    chat.page.get_by_label("API key", exact=True).fill("s3cret-alice")
-    chat.page.get_by_role("button", name="Use this key").click()
+    chat.use_key("s3cret-alice")
     chat.send("delete the old logs file")
     card = chat.card("Approve this tool call?")
     card.get_by_role("button", name="Approve", exact=True).click()
@@ -131,14 +130,11 @@ def test_markdown_renders_and_html_stays_inert(open_chat, start_server):
     chat.shot("markdown")
 
 
-def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, start_server, tmp_path):
+def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, keyed_example_server):
     """A second person decides from the Inbox alone: each session's items sit under its
     title, the message that started the turn, who sent it and when; they are numbered
     within their session ("1 of 2" twice, not "1 of 4"). The sidebar shows titles."""
-    server = start_server(
-        "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice", "--api-key", "bob=s3cret-bob",
-        env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
-    )
+    server = keyed_example_server
     alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
     first = alice.post("/sessions", json={}).json()["session_id"]
     alice.post(f"/sessions/{first}/messages", json={"content": "delete and move both"}).raise_for_status()
@@ -148,8 +144,7 @@ def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, 
 
     chat = open_chat(server)
     chat.page.goto(server.url + "/ui/#/inbox")
-    chat.page.get_by_label("API key", exact=True).fill("s3cret-bob")
-    chat.page.get_by_role("button", name="Use this key").click()
+    chat.use_key("s3cret-bob")
     inbox = chat.page.locator("#inbox-list")
     expect(inbox.locator("article.card")).to_have_count(4)
     expect(inbox.locator(".inbox-session")).to_have_count(2)
@@ -220,11 +215,8 @@ def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
     chat.shot("audit")
 
 
-def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_sent_it(open_chat, start_server, tmp_path):
-    server = start_server(
-        "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice", "--api-key", "bob=s3cret-bob",
-        env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
-    )
+def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_sent_it(open_chat, keyed_example_server):
+    server = keyed_example_server
     alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
     session_id = alice.post("/sessions", json={}).json()["session_id"]
     alice.post(f"/sessions/{session_id}/messages", json={"content": "delete the old logs file"}).raise_for_status()
@@ -233,8 +225,7 @@ def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_s
 
     chat = open_chat(server)
     chat.page.goto(server.url + "/ui/")
-    chat.page.get_by_label("API key", exact=True).fill("s3cret-bob")
-    chat.page.get_by_role("button", name="Use this key").click()
+    chat.use_key("s3cret-bob")
     chat.page.goto(server.url + f"/ui/#/sessions/{session_id}")
     asked = chat.page.locator(".msg.user", has_text="delete the old logs file")
     expect(asked.locator(".who")).to_contain_text("alice")

@@ -139,17 +139,23 @@ def _finished_step(entry: JournalEntry) -> dict[str, Any]:
     return step
 
 
+def _in_order(journal: Iterable[JournalEntry]) -> list[JournalEntry]:
+    """The records by seq, without a model record inside another model record: a client of
+    the user's own around one of motus's journals one reply twice (ReActAgent the outer
+    record, the HTTP client its request inside it); it is shown once, as the outer one."""
+    entries = sorted(journal, key=lambda e: e.seq)
+    models = {entry.seq for entry in entries if entry.kind == MODEL}
+    return [entry for entry in entries if not (entry.kind == MODEL and entry.parent in models)]
+
+
 def agent_text(replies: Iterable[JournalEntry]) -> str | None:
     """What the agent said so far in a turn: the text of its finished model records, in
     order, a blank line between replies; None when it said nothing. A long text keeps its
-    end, where the words that led to the pending question are. A model record inside
-    another (a client of the user's own around one of motus's, each journaled) is the same
-    reply: it is read once, from the outer one."""
-    entries = sorted(replies, key=lambda e: e.seq)
-    models = {entry.seq for entry in entries if entry.kind == MODEL}
+    end, where the words that led to the pending question are. A reply journaled twice is
+    read once (``_in_order``)."""
     texts = []
-    for entry in entries:
-        if entry.kind != MODEL or not entry.done or entry.parent in models:
+    for entry in _in_order(replies):
+        if entry.kind != MODEL or not entry.done:
             continue
         text = describe_step(entry, _no_time).get("text")
         if isinstance(text, str) and text.strip():
@@ -180,13 +186,10 @@ def describe_turn(
 ) -> dict[str, Any]:
     """The ``turn`` object: the message that started it, when and by whom (the name of the
     key that sent it), and what happened since."""
-    entries = sorted(journal, key=lambda e: e.seq)
-    models = {entry.seq for entry in entries if entry.kind == MODEL}
     return {
         "turn_id": turn_id,
         "started_at": isoformat(started_at),
         "sent_by": by,
         "message": message,
-        # (a model record inside another is the same reply, journaled twice: shown once)
-        "steps": [describe_step(entry, isoformat) for entry in entries if not (entry.kind == MODEL and entry.parent in models)],
+        "steps": [describe_step(entry, isoformat) for entry in _in_order(journal)],
     }

@@ -751,3 +751,32 @@ def test_a_model_client_of_the_users_own_is_journaled_shown_while_waiting_and_no
     assert (sandbox / "model-calls").read_text().split() == ["0", "1"]
     assert len((sandbox / "pids").read_text().split()) == 2  # the turn did run again (a replay)
     assert len((sandbox / "ran-old_logs.txt").read_text().split()) == 1
+
+
+def test_after_kill_9_the_inbox_still_says_who_asked_what_and_the_own_clients_reply_is_not_asked_again(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """SIGKILL of the whole server group while a turn waits: the restarted server's inbox
+    has the same title, message, sender and agent text; the replay gets the recorded reply
+    of the user's own model client; the finished history names its sender."""
+    sandbox = tmp_path / "sandbox"
+    args = ("--store", store_url(tmp_path / "s.db"), "--api-key", "alice=SECRET1")
+    alice = start_server("tests.agents.durable:own_client", *args, env=agent_env(sandbox)).with_headers(
+        {"Authorization": "Bearer SECRET1"})
+    session_id = start_turn(alice, "clean up the logs")
+    interrupted(alice, session_id)
+    assert alice.patch(f"/sessions/{session_id}", json={"title": "Logs"}).status_code == 200
+    [before] = alice.get("/interrupts").json()
+    kill_server(alice)
+
+    again = start_server("tests.agents.durable:own_client", *args, env=agent_env(sandbox)).with_headers(
+        {"Authorization": "Bearer SECRET1"})
+    [after] = again.get("/interrupts").json()
+    assert after == before
+    assert after["context"] == {"session_title": "Logs", "message": "clean up the logs", "sent_by": "alice",
+                                "sent_at": before["context"]["sent_at"], "agent_text": "I'll remove the old logs first."}
+    assert resume_ok(again, session_id, after["interrupt_id"], {"approved": True})["status"] == "running"
+    assert wait_idle(again, session_id, timeout=20)["response"]["content"] == "Done: the old logs are gone."
+    assert (sandbox / "model-calls").read_text().split() == ["0", "1"]
+    [asked] = [m for m in again.get(f"/sessions/{session_id}/messages", params={"senders": "true"}).json() if m["role"] == "user"]
+    assert (asked["content"], asked["sent_by"], asked["sent_at"]) == ("clean up the logs", "alice", before["context"]["sent_at"])

@@ -69,15 +69,42 @@ def claim_single_worker() -> None:
     # A lock inherited across a fork (gunicorn --preload claims in the arbiter) proves
     # nothing about this process: claim again, with a descriptor of our own.
     path = claim_path(os.getppid())
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    handle = os.fdopen(fd, "a+")  # noqa: SIM115 - held for the life of the process
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise RuntimeError(f"Refusing to start a second gunicorn worker. {SINGLE_WORKER_MESSAGE}") from None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        handle = os.fdopen(fd, "a+")  # noqa: SIM115 - held for the life of the process
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RuntimeError(f"Refusing to start a second gunicorn worker. {SINGLE_WORKER_MESSAGE}") from None
+        if _still_named(handle, path):
+            break
+        handle.close()  # unlinked between our open and our lock: a lock on it proves nothing
     _held_lock, _held_pid = handle, os.getpid()
     _sweep_stale_claims(keep=path)
+
+
+def _still_named(handle: Any, path: str) -> bool:
+    """Whether ``path`` still names the file ``handle`` has open."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(handle.fileno())
+    return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (ours or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    except (OverflowError, ValueError):
+        return False  # not a pid this system can have
+    return True
 
 
 def claim_path(arbiter_pid: int) -> str:
@@ -95,12 +122,24 @@ def remove_claim(arbiter_pid: int) -> None:
 
 
 def _sweep_stale_claims(keep: str) -> None:
-    """Remove the lock files no worker holds any more (servers killed without their
-    arbiter's exit): each is locked first, so one a live worker holds stays."""
+    """Remove the lock files of arbiters that are gone (servers killed without their
+    arbiter's exit).
+
+    A file whose arbiter still runs is never touched: its worker may be between creating the
+    file and locking it, and a sweep that locked it then made that worker refuse to boot as
+    a "second worker" (seen when several servers started at once). A gone arbiter's file is
+    locked before it is removed, so one an orphaned worker still holds stays.
+    """
     folder = os.path.dirname(keep)
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
         if not (name.startswith("gunicorn-") and name.endswith(".lock")) or path == keep:
+            continue
+        try:
+            arbiter = int(name[len("gunicorn-") : -len(".lock")])
+        except ValueError:
+            continue  # not a name this module made
+        if _alive(arbiter):
             continue
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)

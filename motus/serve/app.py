@@ -481,8 +481,9 @@ def get_session(session_id: str) -> Response:
     view, live = turns.get_with_live(session_id)  # one moment: interrupts and steps agree
     response = _session_response(view)
     if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED) and live is not None:
-        turn_id, message, journal, started_at, by = live
-        response.turn = describe_turn(turn_id, message, journal, isoformat, started_at, by)
+        response.turn = describe_turn(
+            live.turn_id, live.message, live.journal, isoformat, live.started_at, live.by, live.history_at
+        )
     return _json(response)
 
 

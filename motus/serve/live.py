@@ -183,13 +183,21 @@ def describe_turn(
     isoformat: Any,
     started_at: float | None = None,
     by: str | None = None,
+    history_at: int | None = None,
 ) -> dict[str, Any]:
     """The ``turn`` object: the message that started it, when and by whom (the name of the
-    key that sent it), and what happened since."""
+    key that sent it), where its messages will start in the history (``history_at``: the
+    history's length, which changes only when a turn ends), and what happened since.
+
+    ``history_at`` lets a client that reads the session and then its messages tell that the
+    turn ended between the two reads (the history is longer than ``history_at``): it then
+    shows the stored messages, not the turn's steps beside them (which showed the reply
+    twice)."""
     return {
         "turn_id": turn_id,
         "started_at": isoformat(started_at),
         "sent_by": by,
+        "history_at": history_at,
         "message": message,
         "steps": [describe_step(entry, isoformat) for entry in _in_order(journal)],
     }

@@ -39,6 +39,56 @@ def test_an_approver_elsewhere_sees_the_turn_above_the_card(open_chat, example_s
     other.shot("approver-context")
 
 
+def test_a_turn_that_ends_between_the_session_read_and_the_messages_read_shows_once(open_chat, example_server):
+    """The page reads the session (a live turn), then its messages. When the turn ends between
+    the two, the messages hold the turn's stored messages while the session still shows its
+    steps: rendered together, the user's message and the agent's words showed twice (seen in
+    the suite as two "Deleted old_logs.txt" replies). The turn's ``history_at`` tells the page;
+    it reads again instead. Here the ordering is arranged: one real read of the waiting
+    session is held until the turn has ended (approved by another client), then delivered."""
+    chat = open_chat(example_server).open()
+    chat.send("delete the old logs file")
+    expect(chat.card("Approve this tool call?")).to_be_visible()
+    sid = chat.session_id
+    waiting = example_server.get(f"/sessions/{sid}").json()
+    assert waiting["turn"]["history_at"] == len(example_server.get(f"/sessions/{sid}/messages").json())
+    # The most copies of the user's message (or of the agent's reply) ever on the page at once.
+    chat.page.evaluate(
+        """() => {
+          window.mostCopies = 0;
+          const count = () => {
+            const user = [...document.querySelectorAll(".msg.user .text")].filter((e) => e.textContent.includes("delete the old logs file")).length;
+            const reply = [...document.querySelectorAll(".msg.assistant .text")].filter((e) => e.textContent.includes("Deleted old_logs.txt")).length;
+            window.mostCopies = Math.max(window.mostCopies, user, reply);
+          };
+          count();
+          new MutationObserver(count).observe(document.getElementById("messages"), { childList: true, subtree: true, characterData: true });
+        }"""
+    )
+    held = []
+
+    def hold_one_waiting_read(route):
+        response = route.fetch()
+        if held or response.json().get("status") != "interrupted":
+            route.fulfill(response=response)
+            return
+        held.append(route.request.url)
+        (pending,) = response.json()["interrupts"]
+        answered = example_server.post(
+            f"/sessions/{sid}/resume", json={"interrupt_id": pending["interrupt_id"], "value": {"approved": True}}
+        )
+        assert answered.status_code == 200, answered.text
+        wait_until(lambda: example_server.get(f"/sessions/{sid}").json()["status"] == "idle", what="the turn to end")
+        route.fulfill(response=response)  # the session as it was: still waiting, its turn live
+
+    chat.page.route(lambda url: url.split("?")[0].endswith(f"/sessions/{sid}"), hold_one_waiting_read)
+    chat.page.evaluate("() => document.dispatchEvent(new Event('visibilitychange'))")
+    expect(chat.reply("Deleted old_logs.txt")).to_be_visible(timeout=30_000)
+    assert held, "the page did not read the waiting session"
+    expect(chat.status()).to_have_text("Ready")
+    assert chat.page.evaluate("window.mostCopies") == 1
+
+
 def test_the_record_of_a_decision_stays_in_the_conversation(open_chat, start_server, tmp_path):
     server = start_server(
         "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice",

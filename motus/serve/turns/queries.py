@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from motus.serve.errors import SessionNotFound
 from motus.serve.events import inbox_key
@@ -67,7 +67,7 @@ class Queries:
 
     def get_with_live(
         self: Machine, session_id: str
-    ) -> tuple[SessionView, tuple[int, dict[str, Any], list[JournalEntry], float | None, str | None] | None]:
+    ) -> tuple[SessionView, LiveTurn | None]:
         """The session's view and its live turn (``live``), read under one lock: the
         interrupts a response lists and the steps it shows are of the same moment (read
         apart, a step written after the last interrupt could show beside a list without it)."""
@@ -244,9 +244,20 @@ def _summary(session: Session) -> SessionSummary:
     return SessionSummary(session.session_id, session.status.value, len(session.state), session.title)
 
 
-def _live_turn(session: Session) -> tuple[int, dict[str, Any], list[JournalEntry], float | None, str | None] | None:
+class LiveTurn(NamedTuple):
+    """A turn not ended, as ``describe_turn`` shows it (copies: safe outside the lock)."""
+
+    turn_id: int
+    message: dict[str, Any]
+    journal: list[JournalEntry]
+    started_at: float | None
+    by: str | None
+    history_at: int  # the history's length: where the turn's messages will start
+
+
+def _live_turn(session: Session) -> LiveTurn | None:
     turn = session.turn
     if turn is None or turn.state is TurnState.ENDED:
         return None
-    return turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by
+    return LiveTurn(turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by, len(session.state))
 

@@ -144,10 +144,15 @@ function idleWait(ms = IDLE_REFRESH_MS) {
 async function runLoop(generation, sid) {
   let first = true;
   let failures = 0;
+  let again = false; // the last reads disagreed: read again at once, without a long poll
   const current = () => generation === view.generation;
   while (current()) {
-    if (!first && view.streaming) await idleWait(STREAM_REFRESH_MS);
-    else if (!first && view.session && view.session.status !== "running") await idleWait();
+    const readNow = again;
+    again = false;
+    if (!first && !readNow) {
+      if (view.streaming) await idleWait(STREAM_REFRESH_MS);
+      else if (view.session && view.session.status !== "running") await idleWait();
+    }
     first = false;
     if (!current()) return;
     view.dirty = false;
@@ -160,7 +165,7 @@ async function runLoop(generation, sid) {
     let gone = false;
     try {
       // Long-poll only without a live stream: with one, events wake this loop.
-      view.longPolling = running && !view.streaming;
+      view.longPolling = running && !view.streaming && !readNow;
       const query = view.longPolling ? `?wait=true&timeout=${LONG_POLL_SECONDS}` : "";
       const response = await api("GET", sessionPath(sid, query), { signal: controller.signal });
       if (response.status === 503 && view.longPolling) {
@@ -213,8 +218,23 @@ async function runLoop(generation, sid) {
     }
     // Read before this tab's latest action: drop it, the loop reads again at once.
     if (epoch !== view.epoch) continue;
+    if (turnEndedBetween(session, messages)) {
+      again = true;
+      continue;
+    }
     applySession(session, Array.isArray(messages) ? messages : []);
   }
+}
+
+/** Whether the session was read with a live turn whose end the messages, read just after,
+ *  already hold: the history is longer than where that turn's messages start
+ *  (``turn.history_at``). Shown together, the turn's steps and its stored reply made the reply
+ *  appear twice. */
+function turnEndedBetween(session, messages) {
+  const turn = session && session.turn;
+  return Boolean(
+    turn && typeof turn === "object" && Number.isInteger(turn.history_at) && Array.isArray(messages) && messages.length > turn.history_at,
+  );
 }
 
 function sessionGone(sid) {

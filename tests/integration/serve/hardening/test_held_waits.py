@@ -250,15 +250,24 @@ def read_all(raws: list[Raw], timeout: float = 60.0) -> list[bytes]:
     """Read every one of ``raws`` at once (select) until each has a whole ``Content-Length``
     answer or its end of file; what each got."""
     left = {raw.sock: raw for raw in raws}
+    # Appended to in place, and the answer's length computed once its head is in: a 12 MiB
+    # answer comes in ~3,000 small reads, and copying (or scanning) the whole buffer at each
+    # one took most of a test's 16 s.
+    got = {raw.sock: bytearray(raw.buf) for raw in raws}
+    wanted: dict[socket.socket, int] = {}
     deadline = time.monotonic() + timeout
     while left and time.monotonic() < deadline:
         ready, _, _ = select.select(list(left), [], [], max(0.0, deadline - time.monotonic()))
         for sock in ready:
-            raw = left[sock]
+            buf = got[sock]
             chunk = sock.recv(1 << 20)
-            raw.buf += chunk
-            if not chunk or (b"\r\n\r\n" in raw.buf and len(raw.buf) >= answer_length(raw.buf)):
+            buf += chunk
+            if sock not in wanted and b"\r\n\r\n" in buf[:65536]:
+                wanted[sock] = answer_length(bytes(buf[:65536]))
+            if not chunk or (sock in wanted and len(buf) >= wanted[sock]):
                 del left[sock]
+    for raw in raws:
+        raw.buf = bytes(got[raw.sock])
     return [raw.buf for raw in raws]
 
 

@@ -316,8 +316,8 @@ _SHARED_SERVERS: set[int] = set()
 
 
 class Starter:
-    """``start(agent, *args, env=None) -> Server``: launch ``motus serve start`` and wait until
-    it is healthy. Inside ``with start.together():`` a start only launches; the block's end
+    """``start(agent, *args, env=None, health_timeout=30) -> Server``: launch ``motus serve
+    start`` and wait (up to ``health_timeout`` seconds) until it is healthy. Inside ``with start.together():`` a start only launches; the block's end
     waits for all of them, so several instances boot at once instead of one after another
     (their servers must not be used inside the block)."""
 
@@ -327,7 +327,7 @@ class Starter:
         self.servers: list[Server] = []
         self._pending: list[Server] | None = None  # launched inside ``together``, not yet waited for
 
-    def __call__(self, agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
+    def __call__(self, agent: str, *args: str, env: dict[str, str] | None = None, health_timeout: float = 30.0) -> Server:
         port = free_port()
         log_path = self._tmp_dir / f"server-{len(self.servers)}.log"
         command = ["serve", "start", agent, "--port", str(port), *args]
@@ -340,7 +340,7 @@ class Starter:
         if self._shared:
             _SHARED_SERVERS.add(process.pid)
         if self._pending is None:
-            wait_healthy(server.url, process, log_path)
+            wait_healthy(server.url, process, log_path, health_timeout)
         else:
             self._pending.append(server)
         return server

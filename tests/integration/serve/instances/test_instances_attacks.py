@@ -42,8 +42,10 @@ LEASE = "2"
 NEVER = "600"
 
 
-def serve(start_server: Starter, agent: str, url: str, *args: str, lease: str = LEASE, env: dict | None = None) -> Server:
-    return start_server(agent, "--workers", "2", "--store", url, "--lease-seconds", lease, "--shutdown-timeout", "3", *args, env=env)
+def serve(start_server: Starter, agent: str, url: str, *args: str, lease: str = LEASE, env: dict | None = None,
+          health_timeout: float = 30.0) -> Server:
+    return start_server(agent, "--workers", "2", "--store", url, "--lease-seconds", lease, "--shutdown-timeout", "3", *args,
+                        env=env, health_timeout=health_timeout)
 
 
 # -- the database, read directly ---------------------------------------------------------

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from motus.serve.store import SCHEMA_VERSION
+from motus.serve.store.postgres_schema import SCHEMA_LOCK
 from tests.conftest import Server, Starter, wait_until
 from tests.integration.serve.history.test_history_attacks import (
     PARKER,
@@ -510,7 +511,7 @@ def test_hostile_histories_through_two_instances_are_stored_and_served_exactly(
 
 # -- version 2 databases --------------------------------------------------------------------------
 
-MIGRATED = 10000  # sessions of a version 2 database
+MIGRATED = 2000  # sessions of a version 2 database
 
 
 def v2_history(n: int) -> list[Message]:
@@ -548,38 +549,53 @@ def all_rows(pg_url: str) -> dict[str, list[tuple[int, Message]]]:
 def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_move_all_start_and_move_it_once(
     start_server: Starter, pg_url: str
 ) -> None:
-    """Ten thousand version 2 sessions. Three instances start together; the one moving the
-    histories into rows (holding the schema lock) is killed (-9) while it does. The two
-    others must both start (each waits on the schema lock while the move runs, and runs it
-    again from the start after the kill), and every history must be in rows exactly once.
-    The wait on the lock is a statement under the connection's ``lock_timeout`` (5 s):
-    an instance that waits longer (a move of seconds, on this machine about 5 s for ten
-    thousand short histories, after part of another) exits 2."""
+    """Two thousand version 2 sessions. Three instances start together while the test holds
+    the schema lock for longer than a connection's ``lock_timeout`` (5 s): all three must wait
+    (the schema transaction waits for the lock without a limit, as a large move takes as long
+    as it takes). Then the one moving the histories into rows (holding the schema lock) is
+    killed (-9) while it does. The two others must both start (each runs the move again from
+    the start after the kill), and every history must be in rows exactly once."""
+    import psycopg
+
     histories = make_version_2(pg_url, MIGRATED)
     results: dict[int, Server | BaseException] = {}
 
     def start(n: int) -> None:
         try:
-            results[n] = serve(start_server, TRICKY, pg_url)
+            # A loaded machine moves slowly, and the survivors wait for the test's hold, the
+            # killed move and one whole move.
+            results[n] = serve(start_server, TRICKY, pg_url, health_timeout=120)
         except BaseException as exc:  # noqa: BLE001 - checked below
             results[n] = exc
 
-    threads = [threading.Thread(target=start, args=(n,)) for n in range(3)]
-    for thread in threads:
-        thread.start()
-    try:
-        def moving() -> psutil.Process | None:
-            # The move writes each history with the store's one history statement (a WITH
-            # whose INSERT INTO motus_messages is not at the start of the text).
-            rows = sql(pg_url, "SELECT client_port FROM pg_stat_activity WHERE query LIKE '%%INSERT INTO motus_messages%%' "
-                               "AND pid <> pg_backend_pid()")
-            return _process_with_port(rows[0][0]) if rows else None
+    def waited_past_lock_timeout() -> bool:
+        rows = sql(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND wait_event = 'advisory' AND state = 'active' AND query LIKE '%%pg_advisory_xact_lock%%' "
+                           "AND now() - query_start > interval '6 seconds' AND pid <> pg_backend_pid()")
+        return rows[0][0] == 3
 
+    def moving() -> psutil.Process | None:
+        # The move writes each history with the store's one history statement (a WITH
+        # whose INSERT INTO motus_messages is not at the start of the text).
+        rows = sql(pg_url, "SELECT client_port FROM pg_stat_activity WHERE query LIKE '%%INSERT INTO motus_messages%%' "
+                           "AND pid <> pg_backend_pid()")
+        return _process_with_port(rows[0][0]) if rows else None
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in range(3)]
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
+            for thread in threads:
+                thread.start()
+            wait_until(waited_past_lock_timeout, timeout=60, interval=0.1,
+                       what="three instances to wait on the schema lock for more than 6 s")
+            holder.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
         mover = wait_until(moving, timeout=60, interval=0.005, what="an instance to move the histories")
         os.killpg(os.getpgid(mover.pid), signal.SIGKILL)  # type: ignore[union-attr]
     finally:
         for thread in threads:
-            thread.join(120)
+            if thread.ident is not None:  # started
+                thread.join(180)
     failed = {n: r for n, r in results.items() if not isinstance(r, Server)}
     assert len(failed) == 1, "instances that did not start: " + "\n".join(str(r)[:2000] for r in failed.values())
     rows = all_rows(pg_url)

@@ -524,7 +524,7 @@ def get_messages(session_id: str) -> Response:
 def resume(session_id: str) -> Response:
     _server().turns.get(session_id)  # 404 for an unknown session before judging the body
     body = _body(ResumeRequest)
-    status = _server().resume(session_id, body.interrupt_id, body.value, by=g.caller.name)
+    status = _server().resume(session_id, body.interrupt_id, body.value, by=g.caller.name, roles=g.caller.roles)
     return _json(ResumeAccepted(session_id=session_id, status=status.value))
 
 

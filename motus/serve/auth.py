@@ -6,6 +6,11 @@ With one or more keys configured, every API request except ``GET /health`` must 
 
 A key is written ``SECRET`` (named ``default``), ``NAME=SECRET``, or either followed by
 ``:read`` (a read-only key: it may list and watch, and gets 403 on anything that writes).
+A named key may carry roles: ``NAME=SECRET:ops,finance`` (``read`` among them makes it
+read-only). Roles decide who may answer an interrupt whose tool names its approvers
+(``@tool(requires_approval=True, approvers=["ops"])``, see ``motus.serve.policy``). The roles
+are the text after the secret's last ``:`` when it is a comma-separated list of names; a
+bare secret only ever ends in ``:read``, so a bare secret with a ``:`` stays whole.
 Two keys with one secret are refused (which name and scope would it be?). The name is
 what the audit records as who resolved an interrupt. ``NAME`` is letters, digits, ``_``,
 ``-`` and ``.``; a bare secret that itself contains ``=`` is read as named only when the part
@@ -44,10 +49,11 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 @dataclass(frozen=True)
 class Caller:
-    """Who made a request: the key's name and scope."""
+    """Who made a request: the key's name, scope and roles."""
 
     name: str
     scope: str = WRITE
+    roles: frozenset[str] = frozenset()
 
     @property
     def can_write(self) -> bool:
@@ -57,25 +63,53 @@ class Caller:
 NOBODY_NEEDED = Caller(ANONYMOUS, WRITE)
 
 
+#: A role: the same characters as a key's name.
+ROLE = _NAME
+_ROLES = re.compile(r"[A-Za-z0-9_.-]{1,64}(?:,[A-Za-z0-9_.-]{1,64})*")
+
+
 @dataclass(frozen=True)
 class _Key:
     name: str
     secret: bytes
     scope: str
+    roles: frozenset[str]
 
 
-def parse_key(text: str) -> tuple[str, str, str]:
-    """``(name, secret, scope)`` of one ``--api-key`` value (see the module docstring)."""
+def parse_key(text: str) -> tuple[str, str, str, frozenset[str]]:
+    """``(name, secret, scope, roles)`` of one ``--api-key`` value (see the module docstring)."""
     text = text.strip()
     scope = WRITE
     name, eq, rest = text.partition("=")
-    if eq and _NAME.fullmatch(name) and rest and not rest.startswith("="):
+    named = bool(eq and _NAME.fullmatch(name) and rest and not rest.startswith("="))
+    if named:
         secret = rest
     else:
         name, secret = DEFAULT_NAME, text
-    if secret.endswith(":read") and len(secret) > len(":read"):
-        secret, scope = secret[: -len(":read")], READ
-    return name, secret, scope
+    roles: frozenset[str] = frozenset()
+    head, colon, tail = secret.rpartition(":")
+    if colon and head and (tail == "read" or (named and _ROLES.fullmatch(tail))):
+        listed = tail.split(",")
+        secret, roles = head, frozenset(role for role in listed if role != "read")
+        if "read" in listed:
+            scope = READ
+    return name, secret, scope, roles
+
+
+def split_keys(raw: str) -> list[str]:
+    """The keys of a comma-separated list (``MOTUS_API_KEY``). A piece that is a role name
+    right after a key with roles continues that key's roles (``alice=S:ops,finance`` is one
+    key), so a key after a key with roles must be written with its name (``NAME=SECRET``)."""
+    keys: list[str] = []
+    for piece in raw.replace("\n", ",").split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if keys and "=" not in piece and ROLE.fullmatch(piece) and parse_key(keys[-1] + "," + piece)[3] > parse_key(keys[-1])[3]:
+            keys[-1] += "," + piece
+        else:
+            keys.append(piece)
+    return keys
 
 
 class ApiKeys:
@@ -84,9 +118,9 @@ class ApiKeys:
         for raw in keys:
             if not raw.strip():
                 continue
-            name, secret, scope = parse_key(raw)
+            name, secret, scope, roles = parse_key(raw)
             if secret:
-                parsed.append(_Key(name, secret.encode(), scope))
+                parsed.append(_Key(name, secret.encode(), scope, roles))
         secrets = [key.secret for key in parsed]
         if len(set(secrets)) != len(secrets):
             # Which name and scope would a request get? Refuse rather than pick one.
@@ -95,12 +129,13 @@ class ApiKeys:
 
     @classmethod
     def from_sources(cls, keys: Iterable[str] = (), env: dict[str, str] | None = None) -> ApiKeys:
-        """Keys given explicitly, else ``MOTUS_API_KEY`` (several may be comma-separated)."""
+        """Keys given explicitly, else ``MOTUS_API_KEY`` (several may be comma-separated, see
+        ``split_keys``)."""
         given = [key for key in keys if key]
         if given:
             return cls(given)
         raw = (env if env is not None else os.environ).get(ENV_VAR, "")
-        return cls(raw.split(","))
+        return cls(split_keys(raw))
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -115,6 +150,11 @@ class ApiKeys:
     def names(self) -> list[str]:
         return [key.name for key in self._keys]
 
+    @property
+    def roles(self) -> frozenset[str]:
+        """Every role some key that may write has (a read-only key answers nothing)."""
+        return frozenset(role for key in self._keys if key.scope == WRITE for role in key.roles)
+
     def identify(self, authorization: str | None) -> Caller | None:
         """Who the header says the caller is: ``anonymous`` when auth is off, the matching
         key's name and scope, or None for a missing or wrong key."""
@@ -128,7 +168,7 @@ class ApiKeys:
         for key in self._keys:  # every key is compared: no early exit
             if hmac.compare_digest(candidate, key.secret) and found is None:
                 found = key
-        return Caller(found.name, found.scope) if found is not None else None
+        return Caller(found.name, found.scope, found.roles) if found is not None else None
 
     def allows(self, authorization: str | None) -> bool:
         """True when auth is off, or the header is ``Bearer <one of the keys>``."""

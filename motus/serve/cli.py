@@ -20,6 +20,7 @@ import click
 from motus.serve import config
 from motus.serve.agents import AgentLoadError, AgentNotSendable, load_agent
 from motus.serve.auth import ENV_VAR as ENV_VAR_API_KEY
+from motus.serve.auth import split_keys
 from motus.serve.config import LOG_LEVELS as LOG_LEVELS  # re-exported: their old home
 from motus.serve.config import RESERVED_THREADS as RESERVED_THREADS
 from motus.serve.config import web_chat_address as web_chat_address
@@ -210,7 +211,7 @@ def start(**opts: Any) -> None:
     from motus.serve.gunicorn import run_gunicorn
 
     configure_logging(opts["log_level"], opts["log_format"])
-    given = list(opts["api_keys"]) or [key for key in os.environ.get(ENV_VAR_API_KEY, "").split(",") if key.strip()]
+    given = list(opts["api_keys"]) or split_keys(os.environ.get(ENV_VAR_API_KEY, ""))
     hide_keys_by_reexec(given)  # returns only once the keys are out of environ and argv
     handed = keys_from_reexec()
     if handed:

@@ -30,6 +30,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import click
 
+from motus.serve.auth import split_keys
+
 log = logging.getLogger(__name__)
 
 #: The agent's import path under WSGI (the CLI takes it as its argument).
@@ -108,6 +110,7 @@ class Setting:
     cli_env: bool = False
     secret: bool = False
     metavar: str | None = None
+    split: Callable[[str], list[str]] | None = None  # a list's own reading of its variable
     shown: str | None = None
 
     @property
@@ -127,7 +130,8 @@ class Setting:
                     raise click.BadParameter(f"expected 1/0 (true/false, yes/no, on/off), got {raw!r}")
                 return word in _TRUE
             if self.kind == "list":
-                return [self.type.convert(item.strip(), None, None) for item in raw.split(",") if item.strip()]
+                items = self.split(raw) if self.split is not None else raw.split(",")
+                return [self.type.convert(item.strip(), None, None) for item in items if item.strip()]
             return self.type.convert(raw.strip(), None, None)
         except click.BadParameter as exc:
             if self.secret:  # click's message repeats the value
@@ -198,8 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", "--threads", click.IntRange(1), 128, "HTTP request threads (a waiting long poll or stream holds none under motus serve start, one elsewhere)."),
     Setting(
         "api_keys", "--api-key", click.STRING, (),
-        "Require 'Authorization: Bearer KEY' (repeat to accept several keys; default: $MOTUS_API_KEY, comma-separated).",
-        kind="list", secret=True, metavar="KEY",
+        "Require 'Authorization: Bearer KEY' (repeat to accept several keys; default: $MOTUS_API_KEY, comma-separated). "
+        "NAME=SECRET names a key; NAME=SECRET:ROLE,ROLE gives it roles (who may approve a tool that names approvers); "
+        "SECRET:read or NAME=SECRET:read makes it read-only.",
+        kind="list", secret=True, metavar="KEY", split=split_keys,
     ),
     Setting("max_request_bytes", "--max-request-bytes", click.IntRange(1024), 10 * 1024 * 1024, "Refuse larger request bodies with 413."),
     Setting("max_wait", "--max-wait", Seconds(0.1), 300.0, "Longest a long poll may wait (s)."),

@@ -58,6 +58,12 @@ class InterruptNotPending(ServeError):
     status_code = 404
 
 
+class NotAnApprover(ServeError):
+    """A resume from a key the interrupt's approver policy leaves out (``motus.api.approvers``)."""
+
+    status_code = 403
+
+
 class GrantNotFound(ServeError):
     status_code = 404
 

@@ -52,7 +52,7 @@ _MODELS: list[type[BaseModel]] = [
 _REASONS = {
     400: "Bad request: a body past a shape limit (too many items, nested too deeply), a body that could not be read, a bad query parameter, a custom session ID that is not a UUID, a webhook that may not be called, or a Host name a loopback server does not answer to",
     401: "Missing or wrong API key",
-    403: "A cross-site request (its Origin is not this server's), or a read-only API key on a route that writes",
+    403: "A cross-site request (its Origin is not this server's), a read-only API key on a route that writes, or a resume from a key the interrupt's approver policy leaves out (a role it lacks, or the sender answering where the tool forbids it)",
     404: "Unknown session, an interrupt id that is not pending right now, or no such grant",
     405: "Custom session IDs are not enabled (start with --allow-custom-ids)",
     409: "The session is running or interrupted, or the id exists",

@@ -316,9 +316,11 @@ class AgentServer:
         self.start()
         self.turns.start_turn(session_id, message, webhook, by=by)
 
-    def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = "anonymous") -> SessionStatus:
+    def resume(
+        self, session_id: str, interrupt_id: str, value: Any, by: str = "anonymous", roles: frozenset[str] = frozenset()
+    ) -> SessionStatus:
         self.start()
-        return self.turns.resume(session_id, interrupt_id, value, by=by)
+        return self.turns.resume(session_id, interrupt_id, value, by=by, roles=roles)
 
     def delete(self, session_id: str) -> None:
         self.turns.delete(session_id)

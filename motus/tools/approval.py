@@ -29,6 +29,10 @@ pause (a predicate gate still consults its predicate first, so a call it waves t
 never asked). The server records the grant (``GET /sessions/{id}/grants``); revoking it
 takes effect from the session's next turn.
 
+**Who may approve.** ``approvers=[...]`` and ``self_approval=False`` on the tool go into each
+of its interrupts; the server refuses (403) an answer from a key the policy leaves out
+(:mod:`motus.api.approvers`).
+
 **Expiry.** ``approval_timeout=S`` gives the approval a deadline: if nobody answers within S
 seconds, the server resolves it as a rejection with the reason ``Approval timed out after S
 s`` (recorded as resolved by ``timeout``), so an abandoned approval never runs the tool.
@@ -87,9 +91,12 @@ def timed_out_reason(seconds: float) -> str:
 
 
 def approval_gate(
-    tool_name: str, requires_approval: bool | Callable[..., Any] = True, approval_timeout: float | None = None
+    tool_name: str, requires_approval: bool | Callable[..., Any] = True, approval_timeout: float | None = None,
+    policy: dict[str, Any] | None = None,
 ) -> Guardrail:
-    """Build the input guardrail that asks a person before ``tool_name`` runs."""
+    """Build the input guardrail that asks a person before ``tool_name`` runs. ``policy``:
+    who may answer (``motus.api.approvers.policy_fields``), written into each interrupt."""
+    policy = dict(policy or {})
 
     async def approval(**arguments: Any) -> dict[str, Any] | None:
         if callable(requires_approval) and not await call_with_declared(requires_approval, arguments):
@@ -98,7 +105,7 @@ def approval_gate(
 
         grants = session_grants()
         shown = to_jsonable_python(arguments)
-        payload = {"type": "tool_approval", "tool_name": tool_name, "tool_args": shown}
+        payload = {"type": "tool_approval", "tool_name": tool_name, "tool_args": shown, **policy}
         if tool_name in grants and not was_asked(payload):
             return None  # approved for the session earlier (and, on a replay, not asked the first time)
         if approval_timeout is None:

@@ -37,6 +37,7 @@ from typing import Any, overload
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from motus.api.approvers import policy_fields
 from motus.guardrails import GuardrailTripped, Guardrail, run_tool_input_guardrails, run_tool_output_guardrails
 from motus.durable.journal import OutcomeUnknown, ReplayDiverged, tool_call
 from motus.tools.approval import EditedArguments, approval_gate
@@ -109,6 +110,8 @@ class Tool:
         input_guardrails: Sequence[Guardrail] = (),
         output_guardrails: Sequence[Guardrail] = (),
         approval_timeout: float | None = None,
+        approvers: Sequence[str] | None = None,
+        self_approval: bool = True,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"tool() needs a function, got {type(fn).__name__}")
@@ -132,7 +135,10 @@ class Tool:
             if not requires_approval:
                 raise ValueError("approval_timeout needs requires_approval: a tool nobody approves cannot time out")
         self.approval_timeout = approval_timeout
-        gate = [approval_gate(self.name, requires_approval, approval_timeout)] if requires_approval else []
+        self.approval_policy = policy_fields(approvers, self_approval)
+        if self.approval_policy and not requires_approval:
+            raise ValueError("approvers and self_approval need requires_approval: they say who may approve a call")
+        gate = [approval_gate(self.name, requires_approval, approval_timeout, self.approval_policy)] if requires_approval else []
         self.input_guardrails: list[Guardrail] = [*gate, *input_guardrails]
         self.output_guardrails: list[Guardrail] = list(output_guardrails)
         self._passes_model = schema is not None and self._takes_model_instance(fn, schema)
@@ -264,6 +270,8 @@ def tool(
     input_guardrails: Sequence[Guardrail] = ...,
     output_guardrails: Sequence[Guardrail] = ...,
     approval_timeout: float | None = ...,
+    approvers: Sequence[str] | None = ...,
+    self_approval: bool = ...,
 ) -> Tool: ...
 @overload
 def tool(
@@ -277,6 +285,8 @@ def tool(
     input_guardrails: Sequence[Guardrail] = ...,
     output_guardrails: Sequence[Guardrail] = ...,
     approval_timeout: float | None = ...,
+    approvers: Sequence[str] | None = ...,
+    self_approval: bool = ...,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -286,7 +296,9 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Call
     Options: ``name``, ``description`` (default: the docstring), ``schema`` (a pydantic
     model for the arguments instead of the type hints), ``requires_approval`` (``True``
     or a predicate over the arguments), ``approval_timeout`` (seconds before an unanswered
-    approval is rejected), ``input_guardrails``, ``output_guardrails``.
+    approval is rejected), ``approvers`` (roles, one of which the answering API key must
+    have) and ``self_approval=False`` (the key that sent the turn's message may not
+    approve; see ``motus.api.approvers``), ``input_guardrails``, ``output_guardrails``.
     """
     if fn is not None:
         return Tool(fn, **options)

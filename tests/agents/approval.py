@@ -52,7 +52,14 @@ def send_money(amount: int) -> str:
     return f"sent {amount}"
 
 
-TOOLS = {"delete_file": delete_file, "edit_file": edit_file, "send_money": send_money}
+@tool(requires_approval=True, approvers=["finance"], self_approval=False)
+def wire_money(amount: int) -> str:
+    """Wire ``amount``: a key with the role ``finance`` approves, never the one who asked."""
+    _ran("wire_money", str(amount))
+    return f"wired {amount}"
+
+
+TOOLS = {"delete_file": delete_file, "edit_file": edit_file, "send_money": send_money, "wire_money": wire_money}
 
 
 async def calls(message: ChatMessage, state: list[ChatMessage]):
@@ -64,7 +71,7 @@ async def calls(message: ChatMessage, state: list[ChatMessage]):
         if not name:
             continue
         tool_ = TOOLS[name]
-        key = "amount" if name == "send_money" else "path"
+        key = "amount" if name in ("send_money", "wire_money") else "path"
         value: object = int(argument) if key == "amount" else argument
         results.append(await tool_.invoke({key: value}))
     return _reply(message, state, " | ".join(results))

@@ -42,8 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from motus.api.approvers import refusal
 from motus.api.titles import derived_title
-from motus.serve.errors import InterruptNotPending, InvalidTransition, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
+from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
 from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
@@ -343,9 +344,13 @@ class Machine:
         if turn.deadline is not None:
             self.timers.schedule(turn.deadline, "timeout", turn)
 
-    def resume(self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS) -> SessionStatus:
-        """Answer one pending interrupt on behalf of ``by`` (a key's name); returns the
-        status this left the session in. A turn whose worker runs on another instance gets
+    def resume(
+        self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS, roles: frozenset[str] = frozenset()
+    ) -> SessionStatus:
+        """Answer one pending interrupt on behalf of ``by`` (a key's name, with ``roles``);
+        returns the status this left the session in. An interrupt whose payload names who
+        may answer it (``motus.api.approvers``) refuses anyone else with ``NotAnApprover``
+        (403), changing nothing. A turn whose worker runs on another instance gets
         the value from that instance (it reads the answer from the store); one whose instance
         is gone is taken over here and replayed."""
 
@@ -366,6 +371,9 @@ class Machine:
                 if entry is None or turn is None:
                     raise self._not_pending(session, interrupt_id)
                 take = turn.state is TurnState.ELSEWHERE
+            why = refusal(entry.payload, by, roles, turn.by)
+            if why is not None:
+                raise NotAnApprover(f"Forbidden: {why}")
             return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
 
         return self._attempt(session_id, resume)

@@ -463,6 +463,107 @@ def test_a_bare_key_is_named_default(start_server: Callable[..., Server], sandbo
     assert [r["by"] for r in server.get(f"/sessions/{session_id}/audit").json()] == ["default"]
 
 
+# -- who may approve: roles and the sender (issue 29) ---------------------------------------
+
+#: Keys with roles: alice none, bob finance, carol ops and finance, dave ops.
+ROLE_SECRETS = {"alice": "alice-secret-3", "bob": "bob-secret-4", "carol": "carol-secret-5", "dave": "dave-secret-6"}
+KEYS_WITH_ROLES = ("--api-key", f"alice={ROLE_SECRETS['alice']}", "--api-key", f"bob={ROLE_SECRETS['bob']}:finance",
+                   "--api-key", f"carol={ROLE_SECRETS['carol']}:ops,finance", "--api-key", f"dave={ROLE_SECRETS['dave']}:ops")
+
+
+def as_keys(server: Server) -> dict[str, Server]:
+    secrets = ROLE_SECRETS
+    return {name: server.with_headers({"Authorization": f"Bearer {secret}"}) for name, secret in secrets.items()}
+
+
+def unchanged(server: Server, session_id: str, interrupt_id: str, sandbox: Path, amount: str) -> None:
+    """A refused answer changed nothing: the interrupt waits, nothing is in the audit, the tool did not run."""
+    body = server.get(f"/sessions/{session_id}").json()
+    assert body["status"] == "interrupted" and [i["interrupt_id"] for i in body["interrupts"]] == [interrupt_id], body
+    assert server.get(f"/sessions/{session_id}/audit").json() == []
+    assert amount not in ran(sandbox, "wire_money")
+
+
+def test_an_approval_needs_a_key_with_a_role_its_tool_names_and_a_refusal_changes_nothing(
+    shared: Callable[..., Server], shared_sandbox: Path
+) -> None:
+    """``wire_money`` names ``approvers=["finance"]``: dave (role ops) is refused, approving
+    or rejecting, with a 403 naming the role; bob (finance) approves. The inbox shows who may."""
+    keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox)))
+    amount = str(uuid.uuid4().int % 10**9)  # the sandbox is the module's: this call's own amount
+    session_id = start(keys["alice"], f"wire_money {amount}")
+    [item] = pending(keys["alice"], session_id)
+    assert item["payload"]["approvers"] == ["finance"] and item["payload"]["self_approval"] is False
+    [listed] = [i for i in keys["bob"].get("/interrupts").json() if i["session_id"] == session_id]
+    assert listed["payload"]["approvers"] == ["finance"]
+    for value in ({"approved": True}, {"approved": False, "reason": "no"}, {"approved": True, "remember": "session"}):
+        refused = resume(keys["dave"], session_id, item["interrupt_id"], value)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["detail"] == (
+            "Forbidden: the approval of wire_money needs a key with the role 'finance'; API key 'dave' has none of them"
+        )
+        unchanged(keys["bob"], session_id, item["interrupt_id"], shared_sandbox, amount)
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["bob"].wait_for_status(session_id, "idle")["response"]["content"] == f"wired {amount}"
+    assert ran(shared_sandbox, "wire_money").count(amount) == 1
+    assert [(r["kind"], r["by"]) for r in keys["alice"].get(f"/sessions/{session_id}/audit").json()] == [("resolved", "bob")]
+
+
+def test_the_key_that_sent_the_message_may_not_answer_where_the_tool_forbids_it(
+    shared: Callable[..., Server], shared_sandbox: Path
+) -> None:
+    """``self_approval=False``: bob has the role but sent the message, so his answer (yes or
+    no) is refused; carol, with the role, approves."""
+    keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox)))
+    amount = str(uuid.uuid4().int % 10**9)  # the sandbox is the module's: this call's own amount
+    session_id = start(keys["bob"], f"wire_money {amount}")
+    [item] = pending(keys["bob"], session_id)
+    for value in ({"approved": True}, {"approved": False}):
+        refused = resume(keys["bob"], session_id, item["interrupt_id"], value)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["detail"] == (
+            "Forbidden: the approval of wire_money may not be answered by the key that sent the turn's message ('bob')"
+        )
+        unchanged(keys["carol"], session_id, item["interrupt_id"], shared_sandbox, amount)
+    assert resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["carol"].wait_for_status(session_id, "idle")["response"]["content"] == f"wired {amount}"
+    assert [r["by"] for r in keys["carol"].get(f"/sessions/{session_id}/audit").json()] == ["carol"]
+
+
+def test_a_server_without_keys_refuses_answers_a_policy_restricts(shared: Callable[..., Server], shared_sandbox: Path) -> None:
+    """Without API keys everyone is ``anonymous`` with no role: nobody can be told apart, so
+    a restricted approval is refused (403 naming why) rather than open to all."""
+    server = calls_server(shared, shared_sandbox)
+    amount = str(uuid.uuid4().int % 10**9)
+    session_id = start(server, f"wire_money {amount}")
+    [item] = pending(server, session_id)
+    refused = resume(server, session_id, item["interrupt_id"], {"approved": True})
+    assert refused.status_code == 403 and "this server has no API keys" in refused.json()["detail"], refused.text
+    unchanged(server, session_id, item["interrupt_id"], shared_sandbox, amount)
+    assert server.delete(f"/sessions/{session_id}").status_code == 204
+
+
+def test_the_policy_holds_after_kill_9_for_the_parked_turn(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+    """The policy is part of the stored interrupt: after the server is killed (-9) and started
+    again, the replayed turn's approval still refuses dave and the sender, and bob's runs the
+    tool once."""
+    from tests.integration.serve.durability.test_durability import kill_server
+
+    store = f"sqlite:///{tmp_path / 'approvers.db'}"
+    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    session_id = start(keys["carol"], "wire_money 104")
+    [item] = pending(keys["carol"], session_id)
+    kill_server(keys["carol"])
+    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    for name in ("dave", "carol"):
+        refused = resume(keys[name], session_id, item["interrupt_id"], {"approved": True})
+        assert refused.status_code == 403, refused.text
+        unchanged(keys["bob"], session_id, item["interrupt_id"], sandbox, "104")
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["bob"].wait_for_status(session_id, "idle")["response"]["content"] == "wired 104"
+    assert ran(sandbox, "wire_money") == ["104"]
+
+
 # -- webhooks ------------------------------------------------------------------------------
 
 

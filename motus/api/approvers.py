@@ -1,0 +1,90 @@
+"""Who may answer an approval: the policy a tool names, in the form the tool writes into its
+interrupt and the server reads back when someone answers it.
+
+A tool declares it in code::
+
+    @tool(requires_approval=True, approvers=["ops"], self_approval=False)
+    def wire_money(...): ...
+
+and its ``tool_approval`` interrupts carry it next to the call::
+
+    {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {...},
+     "approvers": ["ops"], "self_approval": false}
+
+``approvers``: a resume must come from a key with at least one of these roles (API keys get
+roles as ``NAME=SECRET:ops,finance``). ``self_approval: false``: the key that sent the turn's
+message may not answer it. A payload without either key has no policy: any key that may
+write answers it, as before. The interrupt is the record, so the policy survives a restart,
+a replay and another instance reading it from the store, and every client (the inbox, the
+web and terminal chats) can show who may answer.
+
+Guarantees: the check fails closed. A policy field of the wrong shape (not a list of role
+names, not a bool) refuses every answer, naming why; a server without API keys, where every
+caller is ``anonymous`` with no role, refuses answers a policy restricts (it cannot tell
+people apart). Pure functions, no I/O: safe below the server (the tool imports this).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: A role: letters, digits, ``_``, ``-`` and ``.``, as a key's name.
+ROLE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: The caller's name on a server without API keys (``motus.serve.auth.ANONYMOUS``).
+ANONYMOUS = "anonymous"
+
+
+def policy_fields(approvers: Iterable[str] | None, self_approval: bool = True) -> dict[str, Any]:
+    """The payload fields of a tool's policy (none when it has none). Raises ``ValueError``
+    naming the problem, when the tool is defined, for a policy that could never be met."""
+    fields: dict[str, Any] = {}
+    if approvers is not None:
+        if isinstance(approvers, str):
+            raise ValueError(f"approvers must be a list of roles, not the string {approvers!r}: write approvers=[{approvers!r}]")
+        roles = list(approvers)
+        if not roles:
+            raise ValueError("approvers=[] would let nobody approve: list at least one role, or leave approvers out")
+        bad = [role for role in roles if not isinstance(role, str) or not ROLE.fullmatch(role)]
+        if bad:
+            raise ValueError(f"approvers: {bad[0]!r} is not a role name (letters, digits, '_', '-', '.'; at most 64)")
+        fields["approvers"] = sorted(set(roles))
+    if not isinstance(self_approval, bool):
+        raise ValueError(f"self_approval must be True or False, got {self_approval!r}")
+    if not self_approval:
+        fields["self_approval"] = False
+    return fields
+
+
+def refusal(payload: Mapping[str, Any], caller: str, roles: Iterable[str], sender: str | None) -> str | None:
+    """Why ``caller`` (a key's name, with ``roles``) may not answer an interrupt with this
+    payload in a turn whose message ``sender`` sent; None when it may."""
+    if not isinstance(payload, Mapping) or payload.get("type") != "tool_approval":
+        return None
+    what = f"the approval of {payload.get('tool_name')!s}"
+    approvers = payload.get("approvers")
+    if approvers is not None:
+        if not isinstance(approvers, list) or not approvers or not all(isinstance(r, str) and ROLE.fullmatch(r) for r in approvers):
+            return f"{what} has a malformed approvers list, so nobody may answer it"
+        if caller == ANONYMOUS:
+            return (f"{what} needs a key with the role {_roles(approvers)}, and this server has no API keys "
+                    "(give keys roles with --api-key NAME=SECRET:ROLE)")
+        if not set(roles) & set(approvers):
+            return f"{what} needs a key with the role {_roles(approvers)}; API key {caller!r} has none of them"
+    self_approval = payload.get("self_approval", True)
+    if not isinstance(self_approval, bool):
+        return f"{what} has a malformed self_approval, so nobody may answer it"
+    if not self_approval:
+        if caller == ANONYMOUS:
+            return (f"{what} may not be answered by the key that sent the turn's message, and this server has "
+                    "no API keys, so it cannot tell who sent it")
+        if sender is None or sender == caller:
+            return f"{what} may not be answered by the key that sent the turn's message ({caller!r})"
+    return None
+
+
+def _roles(approvers: list[str]) -> str:
+    quoted = [repr(role) for role in approvers]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]

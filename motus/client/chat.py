@@ -44,6 +44,7 @@ from motus.client.library import (
     Client,
     ClientError,
     ConnectionFailed,
+    Forbidden,
     InterruptInfo,
     NotFound,
     SessionResponse,
@@ -341,6 +342,12 @@ class Chat:
                         # next read shows what did.
                         self._spinner.stop()
                         self.console.note(f"[info] your answer did not count: {visible(exc.detail)}")
+                        self._spinner.start()
+                    except Forbidden as exc:
+                        # This key may not answer it (the tool names other approvers, or
+                        # forbids the sender): it stays pending for someone who may.
+                        self._spinner.stop()
+                        self.console.note(f"[info] your answer was refused, and the request waits for someone else: {visible(exc.detail)}")
                         self._spinner.start()
                 session = self.client.get_session(self._sid)
             if asked == 0:

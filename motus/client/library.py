@@ -15,6 +15,7 @@ or a message saying what went wrong)::
     ├── ConnectionFailed      no answer: refused, reset, DNS, or the read timed out
     ├── APIError              the server answered 4xx/5xx (``status``, ``detail``)
     │   ├── Unauthorized      401: wrong or missing API key
+    │   ├── Forbidden         403: a read-only key writing, or a key the approval's policy leaves out
     │   ├── NotFound          404: unknown or deleted session, interrupt not pending
     │   ├── Conflict          409: a turn is already running or interrupted; id exists
     │   └── Unavailable       503: the server's session limit is reached
@@ -130,6 +131,11 @@ class Unauthorized(APIError):
     """401: the server wants an API key (``Client(api_key=...)``) and got none or a wrong one."""
 
 
+class Forbidden(APIError):
+    """403: a read-only key tried to change something, or the key may not answer this
+    interrupt (its tool names other approvers, or forbids the sender to approve)."""
+
+
 class NotFound(APIError):
     """404: unknown or deleted session, or an interrupt that is not pending right now."""
 
@@ -169,6 +175,7 @@ class TurnPaused(ClientError):
 #: server's ``Retry-After``).
 _ERRORS_BY_STATUS: dict[int, type[APIError]] = {
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
 }

@@ -64,12 +64,27 @@ def answer_interrupt(info: InterruptInfo, console: Console, position: tuple[int,
     return answer_custom(info.type, info.payload, console)
 
 
+def who_may_approve(payload: dict[str, Any]) -> str | None:
+    """The tool's approver policy in words (``motus.api.approvers``), or None without one."""
+    approvers = payload.get("approvers")
+    roles = [str(role) for role in approvers] if isinstance(approvers, list) else []
+    parts = []
+    if roles:
+        parts.append("a key with the role " + " or ".join(visible(role) for role in roles))
+    if payload.get("self_approval") is False:
+        parts.append("not the key that sent the message")
+    return "Who may approve: " + ", ".join(parts) if parts else None
+
+
 def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str, Any]:
     tool_name = payload.get("tool_name") or "(unnamed tool)"
     proposed = payload.get("tool_args")
     args = proposed
     editable = payload.get("editable") is not False  # false: the agent cannot apply edited arguments
     console.say(f"\nThe agent wants to run: {visible(tool_name)}")
+    policy = who_may_approve(payload)
+    if policy is not None:
+        console.say(policy)
     while True:
         console.say(format_arguments(args))
         if editable:

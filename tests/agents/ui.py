@@ -9,6 +9,8 @@
 - ``editable``: a ``tool_approval`` with a few arguments; replies ``approval=<the answer as JSON>``.
 - ``fixed``: a ``tool_approval`` whose arguments cannot be edited (``"editable": false``, as
   an OpenAI Agents SDK tool's); replies ``approval=<the answer as JSON>``.
+- ``policy``: a ``tool_approval`` that only a key with the role ``finance`` other than the
+  sender may answer (``approvers``, ``self_approval``).
 - ``fail``: raises, so the turn ends in ``error`` with a traceback.
 - ``gate <path>``: keeps the turn running until ``<path>`` exists (so a test can look at
   the running state without racing it), then replies "gate opened".
@@ -96,6 +98,10 @@ async def agent(message: ChatMessage, state: list[ChatMessage]) -> tuple[ChatMes
         return _reply(message, state, "approval=" + json.dumps(value, sort_keys=True))
     if word == "fixed":
         value = await interrupt({"type": "tool_approval", "tool_name": "send_invoice", "tool_args": {"to": "ACME"}, "editable": False})
+        return _reply(message, state, "approval=" + json.dumps(value, sort_keys=True))
+    if word == "policy":
+        value = await interrupt({"type": "tool_approval", "tool_name": "wire_money", "tool_args": {"amount": 5},
+                                 "approvers": ["finance"], "self_approval": False})
         return _reply(message, state, "approval=" + json.dumps(value, sort_keys=True))
     if word == "script":
         return _reply(message, state, SCRIPT_REPLY)

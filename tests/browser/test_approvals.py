@@ -93,6 +93,23 @@ def test_an_approval_whose_arguments_cannot_be_edited_has_no_edit_button(open_ch
     expect(chat.reply('approval={"approved": true}')).to_be_visible()
 
 
+def test_an_approval_with_approvers_says_who_may_approve_and_shows_a_refusal(open_chat, shared_ui_server):
+    """A tool that names its approvers: the card says who may approve, and an answer the
+    server refuses (this server has no keys, so nobody has the role) is shown on the card,
+    which stays, waiting."""
+    chat = open_chat(shared_ui_server).open()
+    chat.send("policy")
+    card = chat.card("Approve this tool call?")
+    expect(card.locator(".card-policy")).to_have_text(
+        "Who may approve: a key with the role finance, not the key that sent the message"
+    )
+    card.get_by_role("button", name="Approve").click()
+    expect(card).to_contain_text("needs a key with the role 'finance'")
+    expect(card.get_by_role("button", name="Approve")).to_be_enabled()
+    assert shared_ui_server.get(f"/sessions/{chat.session_id}").json()["status"] == "interrupted"
+    chat.shot("approval-with-approvers")
+
+
 def test_two_pending_interrupts_one_answered_elsewhere(open_chat, example_server):
     chat = open_chat(example_server).open()
     chat.send("delete and move both")

@@ -242,3 +242,13 @@ def test_describe_error() -> None:
     assert describe_error(ClientError("no\u202eway")) == "no\\u202eway"
     assert describe_error(Unauthorized("Invalid API key", 401)).endswith("(set --api-key or MOTUS_API_KEY)")
     assert describe_error(ClientError("boom")) == "boom"
+
+
+def test_an_approval_with_approvers_says_who_may_approve_before_asking() -> None:
+    console, out, _ = scripted("y")
+    payload = {**APPROVAL, "approvers": ["finance", "ops"], "self_approval": False}
+    assert answer_interrupt(info(payload), console) == {"approved": True}
+    assert "Who may approve: a key with the role finance or ops, not the key that sent the message" in out.getvalue()
+    console, out, _ = scripted("y")
+    answer_interrupt(info(APPROVAL), console)
+    assert "Who may approve" not in out.getvalue()  # no policy, no line

@@ -195,6 +195,15 @@ function parseField(field, errorNode, { requireObject = false } = {}) {
   return value;
 }
 
+/** The tool's approver policy in words ("approvers", "self_approval" in its payload), or null. */
+function whoMayApprove(payload) {
+  const roles = Array.isArray(payload.approvers) ? payload.approvers.map((role) => String(role)) : [];
+  const parts = [];
+  if (roles.length) parts.push(`a key with the role ${roles.join(" or ")}`);
+  if (payload.self_approval === false) parts.push("not the key that sent the message");
+  return parts.length ? `Who may approve: ${parts.join(", ")}` : null;
+}
+
 function approvalCard(interrupt, payload) {
   const args = payload.tool_args === undefined ? {} : payload.tool_args;
   const card = cardShell(interrupt, "approval", "Approve this tool call? ", el("code", { class: "tool-name" }, visibleText(payload.tool_name)));
@@ -261,10 +270,12 @@ function approvalCard(interrupt, payload) {
     }
   });
 
+  const policy = whoMayApprove(payload);
   card.append(
     el("p", { class: "card-label", id: uid("args-label") }, "Arguments"),
     argsView,
     editBox,
+    ...(policy ? [el("p", { class: "card-policy" }, ...visibleText(policy))] : []),
     el("div", { class: "field" }, el("label", { for: reasonId }, "Reason if you reject (optional)"), reason),
     el(
       "div",

@@ -85,6 +85,24 @@ def refusal(payload: Mapping[str, Any], caller: str, roles: Iterable[str], sende
     return None
 
 
+def has_policy(payload: Any) -> bool:
+    """Whether an interrupt's payload restricts who may answer it."""
+    return isinstance(payload, Mapping) and payload.get("type") == "tool_approval" and (
+        "approvers" in payload or "self_approval" in payload
+    )
+
+
+def unrememberable(payload: Any, value: Any) -> str | None:
+    """Why this answer may not be remembered for the session, or None. A remembered grant
+    lets later calls of the tool through with no one asked, whoever sent them and with any
+    arguments: that would undo a policy saying who approves each call, so a tool with one
+    is never remembered."""
+    if has_policy(payload) and isinstance(value, Mapping) and value.get("remember") is not None:
+        return (f"the approval of {payload.get('tool_name')!s} names who may approve each call, so it cannot be "
+                "remembered for the session: answer it without \"remember\"")
+    return None
+
+
 def _roles(approvers: list[str]) -> str:
     quoted = [repr(role) for role in approvers]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]

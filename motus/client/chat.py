@@ -345,9 +345,10 @@ class Chat:
                         self._spinner.start()
                     except Forbidden as exc:
                         # This key may not answer it (the tool names other approvers, or
-                        # forbids the sender): it stays pending for someone who may.
+                        # forbids the sender): it stays pending for someone who may, and the
+                        # turn shows as paused (Enter looks again once they have answered).
                         self._spinner.stop()
-                        self.console.note(f"[info] your answer was refused, and the request waits for someone else: {visible(exc.detail)}")
+                        self.console.note(f"[info] your answer was refused; someone who may must answer it: {visible(exc.detail)}")
                         self._spinner.start()
                 session = self.client.get_session(self._sid)
             if asked == 0:

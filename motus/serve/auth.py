@@ -121,6 +121,10 @@ class ApiKeys:
             name, secret, scope, roles = parse_key(raw)
             if secret:
                 parsed.append(_Key(name, secret.encode(), scope, roles))
+        if any(key.name == ANONYMOUS for key in parsed):
+            # The name of every caller on a server without keys: a key so named could not be
+            # told from one, in the audit or by an approval policy.
+            raise ValueError(f"The API key name {ANONYMOUS!r} is reserved (it names callers on a server without keys); choose another")
         secrets = [key.secret for key in parsed]
         if len(set(secrets)) != len(secrets):
             # Which name and scope would a request get? Refuse rather than pick one.
@@ -149,6 +153,15 @@ class ApiKeys:
     @property
     def names(self) -> list[str]:
         return [key.name for key in self._keys]
+
+    def describe(self) -> str:
+        """Each key's name with its scope and roles, never its secret: ``alice, bob (finance),
+        viewer (read-only)``, for the start-up log."""
+        shown = []
+        for key in self._keys:
+            notes = (["read-only"] if key.scope == READ else []) + sorted(key.roles)
+            shown.append(f"{key.name} ({', '.join(notes)})" if notes else key.name)
+        return ", ".join(shown)
 
     @property
     def roles(self) -> frozenset[str]:

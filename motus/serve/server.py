@@ -255,6 +255,9 @@ class AgentServer:
                 "serving %s with %d worker slots, store %s (%d sessions, %d turns to replay)",
                 self.agent_path or self._agent_obj, self.max_workers, self.store.url, len(self.turns), replays,
             )
+            if self.api_keys:
+                # Names and roles, never secrets: how each key was read is visible at a glance.
+                log.info("API keys: %s", self.api_keys.describe())
             return pool
 
     @staticmethod

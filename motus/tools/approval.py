@@ -31,7 +31,9 @@ takes effect from the session's next turn.
 
 **Who may approve.** ``approvers=[...]`` and ``self_approval=False`` on the tool go into each
 of its interrupts; the server refuses (403) an answer from a key the policy leaves out
-(:mod:`motus.api.approvers`).
+(:mod:`motus.api.approvers`). Such a tool is never remembered for the session (a grant would
+let later calls through with nobody asked): an answer with ``remember`` is a 422, and a grant
+recorded before the tool had a policy is not used.
 
 **Expiry.** ``approval_timeout=S`` gives the approval a deadline: if nobody answers within S
 seconds, the server resolves it as a rejection with the reason ``Approval timed out after S
@@ -106,7 +108,7 @@ def approval_gate(
         grants = session_grants()
         shown = to_jsonable_python(arguments)
         payload = {"type": "tool_approval", "tool_name": tool_name, "tool_args": shown, **policy}
-        if tool_name in grants and not was_asked(payload):
+        if tool_name in grants and not policy and not was_asked(payload):
             return None  # approved for the session earlier (and, on a replay, not asked the first time)
         if approval_timeout is None:
             value = await interrupt(payload)
@@ -116,7 +118,7 @@ def approval_gate(
         decision = parse_approval(value)
         if not decision.approved:
             raise ToolRejected.by_user(tool_name, decision.reason)
-        if isinstance(value, dict) and value.get("remember") == "session":
+        if isinstance(value, dict) and value.get("remember") == "session" and not policy:
             grants.add(tool_name)
         if decision.tool_args is not None and decision.tool_args != {k: shown.get(k) for k in decision.tool_args}:
             return EditedArguments(decision.tool_args)

@@ -103,6 +103,7 @@ def test_an_approval_with_approvers_says_who_may_approve_and_shows_a_refusal(ope
     expect(card.locator(".card-policy")).to_have_text(
         "Who may approve: a key with the role finance, not the key that sent the message"
     )
+    expect(card.get_by_label(re.compile("Remember for this session"))).to_have_count(0)  # never remembered
     card.get_by_role("button", name="Approve").click()
     expect(card).to_contain_text("needs a key with the role 'finance'")
     expect(card.get_by_role("button", name="Approve")).to_be_enabled()

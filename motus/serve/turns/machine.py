@@ -42,9 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from motus.api.approvers import refusal
+from motus.api.approvers import refusal, unrememberable
 from motus.api.titles import derived_title
-from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
+from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, Unprocessable, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
 from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
@@ -374,6 +374,9 @@ class Machine:
             why = refusal(entry.payload, by, roles, turn.by)
             if why is not None:
                 raise NotAnApprover(f"Forbidden: {why}")
+            why = unrememberable(entry.payload, value)
+            if why is not None:
+                raise Unprocessable(why)
             return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
 
         return self._attempt(session_id, resume)

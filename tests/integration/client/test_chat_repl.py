@@ -616,8 +616,8 @@ def test_a_second_approver_is_told_what_the_turn_is_about_and_has_history(start_
 def test_an_answer_the_policy_refuses_is_said_and_the_request_waits_for_someone_who_may(start_server, terminal, tmp_path) -> None:
     """``wire_money`` names ``approvers=["finance"]`` and forbids the sender: alice, who sent
     the message, sees who may approve, answers anyway, is told the answer was refused (the
-    server's reason), and the chat waits; bob (finance) approves over HTTP and alice's chat
-    shows the reply."""
+    server's reason) and that the turn is paused; bob (finance) approves over HTTP, and
+    Enter in alice's chat shows the reply."""
     keyed = start_server("tests.agents.approval:calls", "--api-key", "alice=SECRET1", "--api-key", "bob=SECRET2:finance",
                          env={"MOTUS_EXAMPLE_DIR": str(tmp_path)})
     bob = keyed.with_headers({"Authorization": "Bearer SECRET2"})
@@ -627,12 +627,16 @@ def test_an_answer_the_policy_refuses_is_said_and_the_request_waits_for_someone_
     alice.expect_literal("Who may approve: a key with the role finance, not the key that sent the message")
     alice.expect_literal("Approve? [y/N] ")
     alice.send("y")
-    alice.expect_literal("[info] your answer was refused, and the request waits for someone else: Forbidden: "
+    alice.expect_literal("[info] your answer was refused; someone who may must answer it: Forbidden: "
                          "the approval of wire_money needs a key with the role 'finance'; API key 'alice' has none of them")
+    alice.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
+    alice.expect_literal("> ")
     [session] = bob.get("/sessions").json()
     [item] = bob.get(f"/sessions/{session['session_id']}").json()["interrupts"]
     answered = bob.post(f"/sessions/{session['session_id']}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
     assert answered.status_code == 200, answered.text
+    bob.wait_for_status(session["session_id"], "idle")
+    alice.send("")
     alice.expect_literal("wired 7")
     alice.expect_literal("> ")
     alice.send("/quit")

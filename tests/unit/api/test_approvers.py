@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from motus.api.approvers import policy_fields, refusal
+from motus.api.approvers import policy_fields, refusal, unrememberable
 from motus.tools import tool
 
 
@@ -74,3 +74,11 @@ def test_the_sender_may_not_answer_where_the_tool_forbids_it() -> None:
 def test_a_malformed_policy_refuses_everyone(policy: dict[str, object]) -> None:
     why = refusal(approval(**policy), "bob", {"finance"}, "alice")
     assert why is not None and "malformed" in why
+
+
+def test_an_approval_with_a_policy_is_never_remembered() -> None:
+    assert unrememberable(approval(), {"approved": True, "remember": "session"}) is None
+    assert unrememberable(approval(approvers=["finance"]), {"approved": True}) is None
+    for policy in ({"approvers": ["finance"]}, {"self_approval": False}):
+        why = unrememberable(approval(**policy), {"approved": True, "remember": "session"})
+        assert why is not None and "cannot be remembered" in why

@@ -84,3 +84,13 @@ def test_the_environment_variable_separates_keys_by_commas_and_keeps_role_lists_
 
     assert split_keys(raw) == expected
     assert ApiKeys.from_sources((), {"MOTUS_API_KEY": raw}).names == [parse_key(key)[0] for key in expected]
+
+
+def test_the_start_up_log_names_each_key_with_its_roles_and_no_secret() -> None:
+    keys = ApiKeys(["alice=a-secret", "bob=b-secret:ops,finance", "viewer=v-secret:read", "c-secret"])
+    assert keys.describe() == "alice, bob (finance, ops), viewer (read-only), default"
+
+
+def test_the_name_anonymous_is_reserved() -> None:
+    with pytest.raises(ValueError, match="'anonymous' is reserved"):
+        ApiKeys(["anonymous=x:finance"])

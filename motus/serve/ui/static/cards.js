@@ -277,12 +277,13 @@ function approvalCard(interrupt, payload) {
     editBox,
     ...(policy ? [el("p", { class: "card-policy" }, ...visibleText(policy))] : []),
     el("div", { class: "field" }, el("label", { for: reasonId }, "Reason if you reject (optional)"), reason),
-    el(
+    // A tool that names who may approve each call is never remembered (the server refuses it).
+    ...(policy ? [] : [el(
       "div",
       { class: "field check remember-field" },
       remember,
       el("label", { for: rememberId }, "Remember for this session: approve later calls of ", el("code", {}, visibleText(payload.tool_name)), " without asking"),
-    ),
+    )]),
     // "editable": false: the agent cannot run the call with other arguments, so no edit is offered.
     el("div", { class: "actions" }, approve, reject, ...(payload.editable === false ? [] : [edit])),
     card.cardError,

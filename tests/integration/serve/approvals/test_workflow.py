@@ -503,9 +503,16 @@ def test_an_approval_needs_a_key_with_a_role_its_tool_names_and_a_refusal_change
             "Forbidden: the approval of wire_money needs a key with the role 'finance'; API key 'dave' has none of them"
         )
         unchanged(keys["bob"], session_id, item["interrupt_id"], shared_sandbox, amount)
+    # A grant would let later calls through with nobody asked, whoever sent them: never for
+    # a tool that names its approvers, even from one of them.
+    remembered = resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True, "remember": "session"})
+    assert remembered.status_code == 422, remembered.text
+    assert "cannot be remembered for the session" in remembered.json()["detail"]
+    unchanged(keys["bob"], session_id, item["interrupt_id"], shared_sandbox, amount)
     assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
     assert keys["bob"].wait_for_status(session_id, "idle")["response"]["content"] == f"wired {amount}"
     assert ran(shared_sandbox, "wire_money").count(amount) == 1
+    assert keys["bob"].get(f"/sessions/{session_id}/grants").json() == []
     assert [(r["kind"], r["by"]) for r in keys["alice"].get(f"/sessions/{session_id}/audit").json()] == [("resolved", "bob")]
 
 
@@ -551,6 +558,9 @@ def test_the_policy_holds_after_kill_9_for_the_parked_turn(start_server: Callabl
 
     store = f"sqlite:///{tmp_path / 'approvers.db'}"
     keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    log = keys["carol"].log()
+    assert "API keys: alice, bob (finance), carol (finance, ops), dave (ops)" in log  # names and roles...
+    assert not [secret for secret in ROLE_SECRETS.values() if secret in log]  # ...never a secret
     session_id = start(keys["carol"], "wire_money 104")
     [item] = pending(keys["carol"], session_id)
     kill_server(keys["carol"])

@@ -217,7 +217,15 @@ def test_alike_long_polls_woken_together_each_get_the_answer_with_a_request_id_o
     assert ids[40:] == ["approver-7"] * 5  # the client's own id, echoed
     assert not questions.ready()  # a question poll is not woken by an approval, nor answered by a copy
     wait_until(lambda: inbox_answers(server) - counted == 45, what="each answer counted as a request")
-    wait_until(lambda: server.log().count("(a copy of an alike request's answer)") >= 40, what="the copies in the access log")
+
+    def inbox_lines() -> list[str]:
+        return [line for line in server.log().splitlines() if "motus.access: GET /interrupts" in line and " 200 " in line]
+
+    wait_until(lambda: len(inbox_lines()) >= 45, what="each answer in the access log")
+    # The polls woken in one pass of the main loop get copies; how the 45 wakes fall into
+    # passes depends on the machine's load (alone, all in one: 43 copies), so at least one.
+    copies = [line for line in inbox_lines() if "(a copy of an alike request's answer)" in line]
+    assert 1 <= len(copies) <= 43 and len(inbox_lines()) == 45, inbox_lines()
 
     # Each connection is still kept alive: its next request is read and answered.
     for poll in [*plain, *named]:

@@ -58,13 +58,38 @@ def policy_fields(approvers: Iterable[str] | None, self_approval: bool = True) -
     return fields
 
 
-def refusal(payload: Mapping[str, Any], caller: str, roles: Iterable[str], sender: str | None) -> str | None:
+def effective(payload: Any, override: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
+    """The policy that governs an interrupt: the operator's (``override``, from the server's
+    policy file, for any interrupt type) when there is one, else the fields a tool wrote into
+    its ``tool_approval`` payload; None when nothing restricts who answers."""
+    if override is not None:
+        return override
+    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval" and (
+        "approvers" in payload or "self_approval" in payload
+    ):
+        return {key: payload[key] for key in ("approvers", "self_approval") if key in payload}
+    return None
+
+
+def describe(payload: Any) -> str:
+    """How a refusal names the interrupt: ``the approval of wire_money``, ``the user_input request``."""
+    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval":
+        return f"the approval of {payload.get('tool_name')!s}"
+    kind = payload.get("type") if isinstance(payload, Mapping) else None
+    return f"the {kind!s} request"
+
+
+def refusal(
+    payload: Any, caller: str, roles: Iterable[str], sender: str | None, override: Mapping[str, Any] | None = None
+) -> str | None:
     """Why ``caller`` (a key's name, with ``roles``) may not answer an interrupt with this
-    payload in a turn whose message ``sender`` sent; None when it may."""
-    if not isinstance(payload, Mapping) or payload.get("type") != "tool_approval":
+    payload in a turn whose message ``sender`` sent; None when it may. ``override``: the
+    operator's policy for it (``motus.serve.policy``), which wins over the payload's."""
+    policy = effective(payload, override)
+    if policy is None:
         return None
-    what = f"the approval of {payload.get('tool_name')!s}"
-    approvers = payload.get("approvers")
+    what = describe(payload)
+    approvers = policy.get("approvers")
     if approvers is not None:
         if not isinstance(approvers, list) or not approvers or not all(isinstance(r, str) and ROLE.fullmatch(r) for r in approvers):
             return f"{what} has a malformed approvers list, so nobody may answer it"
@@ -73,7 +98,7 @@ def refusal(payload: Mapping[str, Any], caller: str, roles: Iterable[str], sende
                     "(give keys roles with --api-key NAME=SECRET:ROLE)")
         if not set(roles) & set(approvers):
             return f"{what} needs a key with the role {_roles(approvers)}; API key {caller!r} has none of them"
-    self_approval = payload.get("self_approval", True)
+    self_approval = policy.get("self_approval", True)
     if not isinstance(self_approval, bool):
         return f"{what} has a malformed self_approval, so nobody may answer it"
     if not self_approval:
@@ -85,20 +110,13 @@ def refusal(payload: Mapping[str, Any], caller: str, roles: Iterable[str], sende
     return None
 
 
-def has_policy(payload: Any) -> bool:
-    """Whether an interrupt's payload restricts who may answer it."""
-    return isinstance(payload, Mapping) and payload.get("type") == "tool_approval" and (
-        "approvers" in payload or "self_approval" in payload
-    )
-
-
-def unrememberable(payload: Any, value: Any) -> str | None:
+def unrememberable(payload: Any, value: Any, override: Mapping[str, Any] | None = None) -> str | None:
     """Why this answer may not be remembered for the session, or None. A remembered grant
     lets later calls of the tool through with no one asked, whoever sent them and with any
     arguments: that would undo a policy saying who approves each call, so a tool with one
     is never remembered."""
-    if has_policy(payload) and isinstance(value, Mapping) and value.get("remember") is not None:
-        return (f"the approval of {payload.get('tool_name')!s} names who may approve each call, so it cannot be "
+    if effective(payload, override) is not None and isinstance(value, Mapping) and value.get("remember") is not None:
+        return (f"{describe(payload)} names who may approve each call, so it cannot be "
                 "remembered for the session: answer it without \"remember\"")
     return None
 

@@ -299,12 +299,23 @@ def _summary(parts: list[str], total: int | None = None) -> str:
     return "; ".join(parts[:5] + ([f"and {more} more"] if more > 0 else []))
 
 
+def _shown_payload(payload: Any) -> Any:
+    """An interrupt's payload as clients see it: with the operator's approval policy for it
+    (``--approval-policy``) in place of what the tool declared, so every client shows who
+    may answer what the server will enforce. The stored payload is not changed."""
+    policy = _server().approval_policy
+    override = policy.for_payload(payload) if policy is not None else None
+    if override is None:
+        return payload
+    return {**{k: v for k, v in payload.items() if k not in ("approvers", "self_approval")}, **override}
+
+
 def _session_response(view: SessionView) -> SessionResponse:
     interrupts = None
     if view.status is SessionStatus.INTERRUPTED:
         interrupts = [
             InterruptInfo(
-                interrupt_id=item.interrupt_id, type=item.type, payload=item.payload,
+                interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
                 created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
             )
             for item in view.interrupts
@@ -550,7 +561,7 @@ def inbox() -> Response:
         item, context = entry.item, entry.context
         seen[entry.session_id] += 1
         items.append(InboxItem(
-            session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=item.payload,
+            session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
             created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
             context=InboxContext(
                 session_title=context.title, message=message_text(context.message), sent_by=context.by,

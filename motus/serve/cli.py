@@ -160,6 +160,21 @@ def warn_if_exposed(host: str, api_keys: tuple[str, ...]) -> None:
         click.secho(warning, fg="yellow", err=True)
 
 
+def check_approval_policy(path: str | None, api_keys: tuple[str, ...]) -> None:
+    """A policy file nobody could satisfy (unreadable, misshapen, a role no key has, no keys)
+    stops the start with one line, before gunicorn starts."""
+    if not path:
+        return
+    from motus.serve.auth import ApiKeys
+    from motus.serve.policy import PolicyError, load_policy
+
+    keys = ApiKeys.from_sources(api_keys)
+    try:
+        load_policy(path, keys.roles if keys else None)
+    except PolicyError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
     """Builds the server the options describe, where it will serve (in gunicorn's worker)."""
 
@@ -220,7 +235,9 @@ def start(**opts: Any) -> None:
     check_port_free(opts["host"], opts["port"])
     check_metrics_port(opts)
     opts["store"] = resolve_store(opts)
-    warn_if_exposed(opts["host"], tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file"))))
+    keys = tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file")))
+    warn_if_exposed(opts["host"], keys)
+    check_approval_policy(opts.get("approval_policy"), keys)
     if not config.holds_secrets(opts):
         from motus.serve.processes import allow_early_zygote
 

@@ -211,6 +211,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_wait", "--max-wait", Seconds(0.1), 300.0, "Longest a long poll may wait (s)."),
     Setting("max_interrupts", "--max-interrupts", click.IntRange(0), 64, "Interrupts one turn may have pending at once; 0 = no limit."),
     Setting(
+        "approval_policy", "--approval-policy", click.STRING, None,
+        "Who may answer which interrupts: a TOML file of [tool.NAME] and [type.NAME] tables, each with approvers "
+        "(roles of API keys) and/or self_approval = false; it wins over what tools declare in code.",
+        metavar="PATH",
+    ),
+    Setting(
         "api_key_file", "--api-key-file", click.STRING, None,
         "Read API keys from a file, one per line (keeps them out of `ps`); recommended over --api-key.",
         keyword=None, metavar="PATH",

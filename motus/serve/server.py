@@ -23,6 +23,7 @@ from flask import Flask
 from motus.serve.agents import agent_blob, check_agent, load_agent
 from motus.serve.auth import ENV_VAR as API_KEY_ENV_VAR
 from motus.serve.auth import ApiKeys, is_loopback
+from motus.serve.policy import ApprovalPolicy, load_policy
 from motus.serve.config import BY_NAME, DEFAULTS, DURABLE_PARK_AFTER, PARK_BY_STORE, default_live_turns, stream_budget, waiter_budget
 from motus.serve.errors import ServerUnavailable
 from motus.serve.events import Events
@@ -108,6 +109,7 @@ class AgentServer:
         webhook_secret: str | None = DEFAULTS["webhook_secret"],
         metrics_port: int | None = DEFAULTS["metrics_port"],
         threads: int = DEFAULTS["threads"],
+        approval_policy: str | ApprovalPolicy | None = DEFAULTS["approval_policy"],
     ) -> None:
         agent = _one_agent(agent, agent_fn)
         self._agent_blob: bytes | None = None
@@ -157,6 +159,11 @@ class AgentServer:
         # loopback or private services unless --webhook-allow says so.
         exposed = not is_loopback(host) or bool(self.allowed_hosts)
         self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed, secret=webhook_secret)
+        #: The operator's approval policy file, read once (``motus.serve.policy``).
+        self.approval_policy = (
+            approval_policy if isinstance(approval_policy, ApprovalPolicy) or approval_policy is None
+            else load_policy(approval_policy, self.api_keys.roles if self.api_keys else None)
+        )
         self.turns = Turns(
             self.store,
             self.events,
@@ -169,6 +176,7 @@ class AgentServer:
             ttl=ttl,
             max_interrupts=max_interrupts,
             on_end=self.webhooks.send,
+            approval_policy=self.approval_policy,
         )
         #: Prometheus metrics (``GET /metrics``; with ``metrics_port``, also served there
         #: without an API key, on ``host``, from ``start()``).

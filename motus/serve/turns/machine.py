@@ -48,6 +48,7 @@ from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnAppr
 from motus.serve.events import Events
 from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
+from motus.serve.policy import ApprovalPolicy
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.durable.records import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
 from motus.serve.store import AuditRecord, DurableStore, Event, SessionRecord, StaleSession, Store
@@ -101,8 +102,11 @@ class Machine:
         clock: Callable[[], float] = time.time,
         max_live_turns: int = 0,
         session_cache: int = 0,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> None:
         self.store = store
+        #: The operator's policy file (immutable): it wins over what a payload says.
+        self.approval_policy = approval_policy
         self.events = events
         self.max_workers = max_workers
         self.timeout = timeout
@@ -324,7 +328,8 @@ class Machine:
                 message=message,
                 webhook=webhook,
                 deadline=now + self.timeout if self.timeout else None,
-                grants=tuple(sorted(session.grants)),
+                # A tool the operator's policy covers is asked every time (see unrememberable).
+                grants=tuple(sorted(g for g in session.grants if not (self.approval_policy and self.approval_policy.covers_tool(g)))),
                 started_at=now,
                 by=by,
             )
@@ -371,10 +376,11 @@ class Machine:
                 if entry is None or turn is None:
                     raise self._not_pending(session, interrupt_id)
                 take = turn.state is TurnState.ELSEWHERE
-            why = refusal(entry.payload, by, roles, turn.by)
+            override = self.approval_policy.for_payload(entry.payload) if self.approval_policy else None
+            why = refusal(entry.payload, by, roles, turn.by, override)
             if why is not None:
                 raise NotAnApprover(f"Forbidden: {why}")
-            why = unrememberable(entry.payload, value)
+            why = unrememberable(entry.payload, value, override)
             if why is not None:
                 raise Unprocessable(why)
             return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)

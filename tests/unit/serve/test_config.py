@@ -52,6 +52,7 @@ SAMPLES: dict[str, tuple[list[str], str, Any]] = {
     "max_wait": (["--max-wait", "12"], "12", 12.0),
     "max_interrupts": (["--max-interrupts", "3"], "3", 3),
     "api_key_file": (["--api-key-file", "{tmp}/keys"], "{tmp}/keys", "{tmp}/keys"),
+    "approval_policy": (["--approval-policy", "{tmp}/policy.toml"], "{tmp}/policy.toml", "{tmp}/policy.toml"),
     "allowed_hosts": (["--allowed-host", "a.example", "--allowed-host", "b.example"], "a.example,b.example", ["a.example", "b.example"]),
     "webhook_allow": (["--webhook-allow", "10.0.0.0/8"], "10.0.0.0/8", ["10.0.0.0/8"]),
     "max_streams": (["--max-streams", "10"], "10", 10),

@@ -574,6 +574,65 @@ def test_the_policy_holds_after_kill_9_for_the_parked_turn(start_server: Callabl
     assert ran(sandbox, "wire_money") == ["104"]
 
 
+POLICY_FILE = """
+# wire_money's code says finance; the operator says ops.
+[tool.wire_money]
+approvers = ["ops"]
+
+# delete_file says nothing in code.
+[tool.delete_file]
+approvers = ["finance"]
+self_approval = false
+"""
+
+
+def test_the_operators_policy_file_wins_over_the_tools_code_and_is_what_clients_see(
+    shared: Callable[..., Server], shared_sandbox: Path
+) -> None:
+    """``--approval-policy``: the file's table for a tool replaces what its code declares
+    (wire_money: ops, not finance) and restricts a tool that declares nothing (delete_file:
+    finance, not the sender). The session and the inbox show the file's policy."""
+    pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
+    path = shared_sandbox / "policy.toml"
+    path.write_text(POLICY_FILE)
+    keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, "--approval-policy", str(path), env=env(shared_sandbox)))
+    amount = str(uuid.uuid4().int % 10**9)
+    session_id = start(keys["alice"], f"wire_money {amount}")
+    [item] = pending(keys["alice"], session_id)
+    assert item["payload"]["approvers"] == ["ops"] and "self_approval" not in item["payload"], item
+    [listed] = [i for i in keys["bob"].get("/interrupts").json() if i["session_id"] == session_id]
+    assert listed["payload"]["approvers"] == ["ops"]
+    refused = resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True})  # finance: the code's role
+    assert refused.status_code == 403 and "needs a key with the role 'ops'; API key 'bob'" in refused.json()["detail"], refused.text
+    unchanged(keys["bob"], session_id, item["interrupt_id"], shared_sandbox, amount)
+    assert resume(keys["dave"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["dave"].wait_for_status(session_id, "idle")["response"]["content"] == f"wired {amount}"
+
+    path_name = f"p{amount}"
+    session_id = start(keys["bob"], f"delete_file {path_name}")
+    [item] = pending(keys["bob"], session_id)
+    assert item["payload"]["approvers"] == ["finance"] and item["payload"]["self_approval"] is False
+    for name, why in (("dave", "needs a key with the role 'finance'"), ("bob", "sent the turn's message ('bob')")):
+        refused = resume(keys[name], session_id, item["interrupt_id"], {"approved": True})
+        assert refused.status_code == 403 and why in refused.json()["detail"], refused.text
+    assert path_name not in ran(shared_sandbox, "delete_file")
+    assert resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["carol"].wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {path_name}"
+
+
+def test_a_policy_file_nobody_could_satisfy_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    from tests.integration.serve.durability.test_durability import refused_start
+
+    pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
+    path = tmp_path / "policy.toml"
+    path.write_text('[tool.wire_money]\napprovers = ["treasury"]\n')
+    code, output = refused_start([CALLS, *KEYS_WITH_ROLES, "--approval-policy", str(path)], tmp_path)
+    assert code == 2, output
+    assert "names the role 'treasury', which no API key that may write has" in output, output
+    code, output = refused_start([CALLS, "--approval-policy", str(path)], tmp_path, name="keyless")
+    assert code == 2 and "needs API keys with roles" in output, output
+
+
 # -- webhooks ------------------------------------------------------------------------------
 
 

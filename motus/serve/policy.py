@@ -1,0 +1,120 @@
+"""The operator's approval policy (``--approval-policy FILE``): who may answer which
+interrupts, whatever the agent's code says.
+
+The file is TOML::
+
+    [tool.wire_money]          # the approvals of this tool
+    approvers = ["finance"]    # roles (API keys: NAME=SECRET:ROLE,ROLE), at least one
+    self_approval = false      # the key that sent the turn's message may not answer
+
+    [type.user_input]          # every interrupt of this type (ask_user_question's)
+    approvers = ["ops"]
+
+A tool's table wins over its interrupt type's, and the file wins over what a tool declares
+in code (``@tool(approvers=...)``, ``motus.api.approvers``): the agent is code the operator
+deploys, the file is what the operator reviews. A table needs ``approvers`` or
+``self_approval = false``.
+
+Guarantees: a file that cannot be read or is not exactly this shape, a role that no key
+able to write has (nobody could ever answer), or a file on a server without API keys (no
+one can be told apart) stops the start with one line naming the problem. The policy is read
+once at start and never changes while the server runs; every instance on a shared store
+must be given the same file (each checks the answers it takes). Thread safety: immutable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from motus.api.approvers import ROLE
+
+
+class PolicyError(ValueError):
+    """The policy file cannot be used; the message is one line naming why."""
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """Per tool and per interrupt type: ``{"approvers": [...], "self_approval": bool}``."""
+
+    path: str
+    tools: Mapping[str, Mapping[str, Any]]
+    types: Mapping[str, Mapping[str, Any]]
+
+    def for_payload(self, payload: Any) -> Mapping[str, Any] | None:
+        """The file's policy for an interrupt with this payload, or None (the tool's own, if any, applies)."""
+        if not isinstance(payload, Mapping):
+            return None
+        kind = payload.get("type")
+        if kind == "tool_approval":
+            tool = payload.get("tool_name")
+            if isinstance(tool, str) and tool in self.tools:
+                return self.tools[tool]
+        return self.types.get(kind) if isinstance(kind, str) else None
+
+    def covers_tool(self, tool: str) -> bool:
+        """Whether approvals of ``tool`` follow the file (then it is never remembered)."""
+        return tool in self.tools or "tool_approval" in self.types
+
+    @property
+    def roles(self) -> frozenset[str]:
+        return frozenset(role for table in (*self.tools.values(), *self.types.values()) for role in table.get("approvers", ()))
+
+
+def load_policy(path: str, key_roles: Iterable[str] | None) -> ApprovalPolicy:
+    """Read and check the policy file. ``key_roles``: every role a key that may write has
+    (None: the server has no API keys)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise PolicyError("--approval-policy needs Python 3.11 or later (it reads TOML with tomllib)") from None
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except OSError as exc:
+        raise PolicyError(f"Cannot read --approval-policy {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"--approval-policy {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"tool", "type"})
+    if unknown:
+        raise PolicyError(f"--approval-policy {path}: unknown table [{unknown[0]}] (use [tool.NAME] or [type.NAME])")
+    tables = {section: _tables(path, section, data.get(section, {})) for section in ("tool", "type")}
+    policy = ApprovalPolicy(path, tables["tool"], tables["type"])
+    if key_roles is None:
+        raise PolicyError(f"--approval-policy {path} needs API keys with roles (--api-key NAME=SECRET:ROLE): "
+                          "without keys nobody can be told apart")
+    missing = sorted(policy.roles - set(key_roles))
+    if missing:
+        raise PolicyError(f"--approval-policy {path} names the role {missing[0]!r}, which no API key that may write has: "
+                          "nobody could answer those interrupts")
+    return policy
+
+
+def _tables(path: str, section: str, tables: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(tables, dict):
+        raise PolicyError(f"--approval-policy {path}: [{section}] must hold tables such as [{section}.NAME]")
+    checked: dict[str, dict[str, Any]] = {}
+    for name, table in tables.items():
+        where = f"--approval-policy {path}: [{section}.{name}]"
+        if not isinstance(table, dict):
+            raise PolicyError(f"{where} must be a table")
+        unknown = sorted(set(table) - {"approvers", "self_approval"})
+        if unknown:
+            raise PolicyError(f"{where} has an unknown key {unknown[0]!r} (approvers, self_approval)")
+        fields: dict[str, Any] = {}
+        if "approvers" in table:
+            roles = table["approvers"]
+            if not isinstance(roles, list) or not roles or not all(isinstance(r, str) and ROLE.fullmatch(r) for r in roles):
+                raise PolicyError(f"{where}: approvers must be a non-empty list of role names")
+            fields["approvers"] = sorted(set(roles))
+        if "self_approval" in table:
+            if not isinstance(table["self_approval"], bool):
+                raise PolicyError(f"{where}: self_approval must be true or false")
+            if not table["self_approval"]:
+                fields["self_approval"] = False
+        if not fields:
+            raise PolicyError(f"{where} restricts nothing: give approvers or self_approval = false")
+        checked[name] = fields
+    return checked

@@ -1,0 +1,74 @@
+"""The operator's approval policy file (``motus.serve.policy``): what it may say, and which
+table governs an interrupt. The HTTP behaviour is in ``tests/integration/serve/approvals/test_workflow.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
+
+from motus.api.approvers import refusal  # noqa: E402
+from motus.serve.policy import PolicyError, load_policy  # noqa: E402
+
+FILE = """
+[tool.wire_money]
+approvers = ["ops"]
+
+[tool.drop_table]
+approvers = ["dba", "ops"]
+self_approval = false
+
+[type.user_input]
+self_approval = false
+"""
+
+
+def written(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path: Path) -> None:
+    policy = load_policy(written(tmp_path, FILE + '\n[type.tool_approval]\napprovers = ["finance"]\n'), {"ops", "dba", "finance"})
+    coded = {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "approvers": ["finance"], "self_approval": False}
+    assert policy.for_payload(coded) == {"approvers": ["ops"]}
+    assert policy.for_payload({"type": "tool_approval", "tool_name": "other"}) == {"approvers": ["finance"]}
+    assert policy.for_payload({"type": "user_input", "questions": []}) == {"self_approval": False}
+    assert policy.for_payload({"type": "confirm"}) is None
+    override = policy.for_payload(coded)
+    assert refusal(coded, "bob", {"finance"}, "alice", override) is not None  # the code's role no longer answers
+    assert refusal(coded, "carol", {"ops"}, "carol", override) is None  # nor does its sender rule hold
+    question = {"type": "user_input"}
+    assert refusal(question, "alice", set(), "alice", policy.for_payload(question)) == (
+        "the user_input request may not be answered by the key that sent the turn's message ('alice')"
+    )
+    assert policy.covers_tool("anything")  # [type.tool_approval] covers every tool
+
+
+@pytest.mark.parametrize(
+    ("text", "roles", "message"),
+    [
+        ("[tool.x]\napprovers = ['finance']\n", {"ops"}, "names the role 'finance', which no API key that may write has"),
+        ("[tool.x]\napprovers = ['ops']\n", None, "needs API keys with roles"),
+        ("[tools.x]\napprovers = ['ops']\n", {"ops"}, "unknown table [tools]"),
+        ("[tool.x]\napprover = ['ops']\n", {"ops"}, "unknown key 'approver'"),
+        ("[tool.x]\napprovers = 'ops'\n", {"ops"}, "non-empty list of role names"),
+        ("[tool.x]\napprovers = []\n", {"ops"}, "non-empty list of role names"),
+        ("[tool.x]\nself_approval = 'no'\n", {"ops"}, "self_approval must be true or false"),
+        ("[tool.x]\nself_approval = true\n", {"ops"}, "restricts nothing"),
+        ("[tool]\nx = 1\n", {"ops"}, "[tool.x] must be a table"),
+        ("[tool.x\n", {"ops"}, "is not valid TOML"),
+    ],
+)
+def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, text: str, roles: set[str] | None, message: str) -> None:
+    with pytest.raises(PolicyError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
+        load_policy(written(tmp_path, text), roles)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="Cannot read --approval-policy .*missing.toml"):
+        load_policy(str(tmp_path / "missing.toml"), {"ops"})

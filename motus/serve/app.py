@@ -301,13 +301,9 @@ def _summary(parts: list[str], total: int | None = None) -> str:
 
 def _shown_payload(payload: Any) -> Any:
     """An interrupt's payload as clients see it: with the operator's approval policy for it
-    (``--approval-policy``) in place of what the tool declared, so every client shows who
-    may answer what the server will enforce. The stored payload is not changed."""
+    (``--approval-policy``) in place of what the tool declared."""
     policy = _server().approval_policy
-    override = policy.for_payload(payload) if policy is not None else None
-    if override is None:
-        return payload
-    return {**{k: v for k, v in payload.items() if k not in ("approvers", "self_approval")}, **override}
+    return policy.shown(payload) if policy is not None else payload
 
 
 def _session_response(view: SessionView) -> SessionResponse:

@@ -160,19 +160,21 @@ def warn_if_exposed(host: str, api_keys: tuple[str, ...]) -> None:
         click.secho(warning, fg="yellow", err=True)
 
 
-def check_approval_policy(path: str | None, api_keys: tuple[str, ...]) -> None:
-    """A policy file nobody could satisfy (unreadable, misshapen, a role no key has, no keys)
-    stops the start with one line, before gunicorn starts."""
+def check_approval_policy(path: str | None, api_keys: tuple[str, ...]) -> Any:
+    """The policy file, read and checked (None without one). One nobody could satisfy
+    (unreadable, misshapen, a role no key has, no keys) stops the start with one line
+    and exit code 2, before gunicorn starts."""
     if not path:
-        return
+        return None
     from motus.serve.auth import ApiKeys
     from motus.serve.policy import PolicyError, load_policy
 
     keys = ApiKeys.from_sources(api_keys)
     try:
-        load_policy(path, keys.roles if keys else None)
+        return load_policy(path, keys.roles if keys else None)
     except PolicyError as exc:
-        raise click.UsageError(str(exc)) from None
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
 
 
 def server_factory(opts: dict[str, Any]) -> Callable[[], Any]:
@@ -237,7 +239,9 @@ def start(**opts: Any) -> None:
     opts["store"] = resolve_store(opts)
     keys = tuple(opts["api_keys"]) + tuple(read_key_file(opts.get("api_key_file")))
     warn_if_exposed(opts["host"], keys)
-    check_approval_policy(opts.get("approval_policy"), keys)
+    # Read once, here: gunicorn's worker (and any it starts again) inherits the policy, so
+    # a file edited or broken later changes nothing until the server is started again.
+    opts["approval_policy"] = check_approval_policy(opts.get("approval_policy"), keys)
     if not config.holds_secrets(opts):
         from motus.serve.processes import allow_early_zygote
 

@@ -54,6 +54,20 @@ class ApprovalPolicy:
                 return self.tools[tool]
         return self.types.get(kind) if isinstance(kind, str) else None
 
+    def shown(self, payload: Any) -> Any:
+        """The payload as clients see it: this file's policy for it in place of what the
+        tool declared (the stored payload is not changed: replays compare against it)."""
+        override = self.for_payload(payload)
+        if override is None:
+            return payload
+        return {**{k: v for k, v in payload.items() if k not in ("approvers", "self_approval")}, **override}
+
+    def allowed_grants(self, grants: Iterable[str]) -> tuple[str, ...]:
+        """The session's grants a turn may use: none for a tool this file covers (it is asked
+        every time), at a turn's start and at every dispatch to a process, so a grant given
+        before the file existed cannot run a covered tool in a turn replayed after a restart."""
+        return tuple(sorted(grant for grant in grants if not self.covers_tool(grant)))
+
     def covers_tool(self, tool: str) -> bool:
         """Whether approvals of ``tool`` follow the file (then it is never remembered)."""
         return tool in self.tools or "tool_approval" in self.types
@@ -76,7 +90,11 @@ def load_policy(path: str, key_roles: Iterable[str] | None) -> ApprovalPolicy:
     except OSError as exc:
         raise PolicyError(f"Cannot read --approval-policy {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"--approval-policy {path} is not valid TOML: {exc}") from None
+        raise PolicyError(f"--approval-policy {path} is not valid TOML: {_one_line(str(exc))}") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"--approval-policy {path} is not UTF-8 text") from None
+    except RecursionError:
+        raise PolicyError(f"--approval-policy {path} nests arrays or tables too deeply") from None
     unknown = sorted(set(data) - {"tool", "type"})
     if unknown:
         raise PolicyError(f"--approval-policy {path}: unknown table [{unknown[0]}] (use [tool.NAME] or [type.NAME])")
@@ -92,12 +110,16 @@ def load_policy(path: str, key_roles: Iterable[str] | None) -> ApprovalPolicy:
     return policy
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _tables(path: str, section: str, tables: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(tables, dict):
         raise PolicyError(f"--approval-policy {path}: [{section}] must hold tables such as [{section}.NAME]")
     checked: dict[str, dict[str, Any]] = {}
     for name, table in tables.items():
-        where = f"--approval-policy {path}: [{section}.{name}]"
+        where = f"--approval-policy {path}: [{section}.{_one_line(name)}]"
         if not isinstance(table, dict):
             raise PolicyError(f"{where} must be a table")
         unknown = sorted(set(table) - {"approvers", "self_approval"})

@@ -161,7 +161,7 @@ class AgentServer:
         self.webhooks = WebhookSender(allow=self.webhook_allow, exposed=exposed, secret=webhook_secret)
         #: The operator's approval policy file, read once (``motus.serve.policy``).
         self.approval_policy = (
-            approval_policy if isinstance(approval_policy, ApprovalPolicy) or approval_policy is None
+            approval_policy if isinstance(approval_policy, ApprovalPolicy) or not approval_policy
             else load_policy(approval_policy, self.api_keys.roles if self.api_keys else None)
         )
         self.turns = Turns(

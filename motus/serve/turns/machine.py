@@ -329,7 +329,7 @@ class Machine:
                 webhook=webhook,
                 deadline=now + self.timeout if self.timeout else None,
                 # A tool the operator's policy covers is asked every time (see unrememberable).
-                grants=tuple(sorted(g for g in session.grants if not (self.approval_policy and self.approval_policy.covers_tool(g)))),
+                grants=self._allowed_grants(session.grants),
                 started_at=now,
                 by=by,
             )
@@ -348,6 +348,12 @@ class Machine:
         turn = self._attempt(session_id, start)
         if turn.deadline is not None:
             self.timers.schedule(turn.deadline, "timeout", turn)
+
+    def _allowed_grants(self, grants: Any) -> tuple[str, ...]:
+        """The grants a turn may use (``ApprovalPolicy.allowed_grants``; all without a file)."""
+        if self.approval_policy is None:
+            return tuple(sorted(grants))
+        return self.approval_policy.allowed_grants(grants)
 
     def resume(
         self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS, roles: frozenset[str] = frozenset()
@@ -651,7 +657,10 @@ class Machine:
             )
             entries.append(entry)
             fresh.append(entry)
-            events.append(session.event("interrupt", now, **interrupt_data(entry)))
+            shown = interrupt_data(entry)
+            if self.approval_policy is not None:  # clients see the policy the server enforces
+                shown["payload"] = self.approval_policy.shown(shown["payload"])
+            events.append(session.event("interrupt", now, **shown))
         if session.status is not SessionStatus.INTERRUPTED:
             events.append(session.event("status", now, status=SessionStatus.INTERRUPTED.value))
         self._save(session, session.record(status=SessionStatus.INTERRUPTED, touched=now), entries, events)
@@ -751,7 +760,7 @@ class Machine:
                 job = Job(
                     session_id=turn.session_id, turn_id=turn.turn_id, message=turn.message, state=list(session.state),
                     max_interrupts=self.max_interrupts, journal=tuple(sorted(turn.journal.values(), key=lambda e: e.seq)),
-                    grants=turn.grants,
+                    grants=self._allowed_grants(turn.grants),
                 )
                 turn.handle = Handle(session_id=turn.session_id, turn_id=turn.turn_id, job=job)
                 turn.last_heard = time.monotonic()

@@ -61,6 +61,8 @@ def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path
         ("[tool.x]\nself_approval = true\n", {"ops"}, "restricts nothing"),
         ("[tool]\nx = 1\n", {"ops"}, "[tool.x] must be a table"),
         ("[tool.x\n", {"ops"}, "is not valid TOML"),
+        ("[tool.\"a\\nb\"]\nself_approval = 1\n", {"ops"}, "[tool.a b]: self_approval must be true or false"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", {"ops"}, "nests arrays or tables too deeply"),
     ],
 )
 def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, text: str, roles: set[str] | None, message: str) -> None:
@@ -72,3 +74,10 @@ def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, te
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="Cannot read --approval-policy .*missing.toml"):
         load_policy(str(tmp_path / "missing.toml"), {"ops"})
+
+
+def test_a_file_that_is_not_utf_8_is_refused_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_bytes(b'[tool.x]\napprovers = ["\xff\xfe"]\n')
+    with pytest.raises(PolicyError, match="is not UTF-8 text"):
+        load_policy(str(path), {"ops"})

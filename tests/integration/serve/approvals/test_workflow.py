@@ -620,6 +620,34 @@ def test_the_operators_policy_file_wins_over_the_tools_code_and_is_what_clients_
     assert keys["carol"].wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {path_name}"
 
 
+def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_after_a_restart(
+    start_server: Callable[..., Server], sandbox: Path, tmp_path: Path
+) -> None:
+    """alice remembers ``delete_file`` for the session; a turn waits on ``wire_money`` with a
+    ``delete_file`` after it; the server is restarted with a file saying only ops approves
+    ``delete_file``. Once bob approves the wire, the replayed turn asks for the delete
+    instead of running it on the old grant."""
+    pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
+    store = f"sqlite:///{tmp_path / 'grants.db'}"
+    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    session_id = start(keys["alice"], "delete_file a")
+    approve(keys["alice"], session_id, remember="session")
+    keys["alice"].wait_for_status(session_id, "idle")
+    keys["alice"].send(session_id, "wire_money 1; delete_file b")
+    [item] = pending(keys["alice"], session_id)
+    assert item["payload"]["tool_name"] == "wire_money"
+    assert keys["alice"].stop() == 0
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[tool.delete_file]\napprovers = ["ops"]\n')
+    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, "--approval-policy", str(policy), env=env(sandbox)))
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    [asked] = pending(keys["bob"], session_id)  # the grant no longer answers for delete_file
+    assert asked["payload"]["tool_name"] == "delete_file" and asked["payload"]["approvers"] == ["ops"], asked
+    assert ran(sandbox, "delete_file") == ["a"]
+    assert resume(keys["dave"], session_id, asked["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["dave"].wait_for_status(session_id, "idle")["response"]["content"] == "wired 1 | deleted b"
+
+
 def test_a_policy_file_nobody_could_satisfy_stops_the_start_with_one_line(tmp_path: Path) -> None:
     from tests.integration.serve.durability.test_durability import refused_start
 
@@ -629,6 +657,7 @@ def test_a_policy_file_nobody_could_satisfy_stops_the_start_with_one_line(tmp_pa
     code, output = refused_start([CALLS, *KEYS_WITH_ROLES, "--approval-policy", str(path)], tmp_path)
     assert code == 2, output
     assert "names the role 'treasury', which no API key that may write has" in output, output
+    assert len(output.strip().splitlines()) == 1, output  # one line, no usage text
     code, output = refused_start([CALLS, "--approval-policy", str(path)], tmp_path, name="keyless")
     assert code == 2 and "needs API keys with roles" in output, output
 

@@ -58,6 +58,11 @@ def policy_fields(approvers: Iterable[str] | None, self_approval: bool = True) -
     return fields
 
 
+def valid_roles(value: Any) -> bool:
+    """Whether ``value`` is a policy's ``approvers``: a non-empty list of role names."""
+    return isinstance(value, list) and bool(value) and all(isinstance(r, str) and ROLE.fullmatch(r) for r in value)
+
+
 def effective(payload: Any, override: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
     """The policy that governs an interrupt: the operator's (``override``, from the server's
     policy file, for any interrupt type) when there is one, else the fields a tool wrote into
@@ -91,7 +96,7 @@ def refusal(
     what = describe(payload)
     approvers = policy.get("approvers")
     if approvers is not None:
-        if not isinstance(approvers, list) or not approvers or not all(isinstance(r, str) and ROLE.fullmatch(r) for r in approvers):
+        if not valid_roles(approvers):
             return f"{what} has a malformed approvers list, so nobody may answer it"
         if caller == ANONYMOUS:
             return (f"{what} needs a key with the role {_roles(approvers)}, and this server has no API keys "

@@ -37,14 +37,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from motus.api.approvers import ANONYMOUS, ROLE  # one caller name and one name syntax for keys and policies
+
 ENV_VAR = "MOTUS_API_KEY"
 
 #: The name of a key given without one, and of every caller on a server without keys.
 DEFAULT_NAME = "default"
-ANONYMOUS = "anonymous"
 READ, WRITE = "read", "write"
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: A key's name: the same characters as a role (``motus.api.approvers.ROLE``).
+_NAME = ROLE
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,8 @@ class Caller:
 NOBODY_NEEDED = Caller(ANONYMOUS, WRITE)
 
 
-#: A role: the same characters as a key's name.
-ROLE = _NAME
-_ROLES = re.compile(r"[A-Za-z0-9_.-]{1,64}(?:,[A-Za-z0-9_.-]{1,64})*")
+#: A comma-separated list of roles, as it ends a named key.
+_ROLES = re.compile(rf"{ROLE.pattern}(?:,{ROLE.pattern})*")
 
 
 @dataclass(frozen=True)

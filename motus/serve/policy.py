@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from motus.api.approvers import ROLE
+from motus.api.approvers import valid_roles
 
 
 class PolicyError(ValueError):
@@ -63,9 +63,9 @@ class ApprovalPolicy:
         return {**{k: v for k, v in payload.items() if k not in ("approvers", "self_approval")}, **override}
 
     def allowed_grants(self, grants: Iterable[str]) -> tuple[str, ...]:
-        """The session's grants a turn may use: none for a tool this file covers (it is asked
-        every time), at a turn's start and at every dispatch to a process, so a grant given
-        before the file existed cannot run a covered tool in a turn replayed after a restart."""
+        """The session's grants a turn's process may use: none for a tool this file covers (it
+        is asked every time). Applied at every dispatch to a process, so a grant given before
+        the file existed cannot run a covered tool in a turn replayed after a restart."""
         return tuple(sorted(grant for grant in grants if not self.covers_tool(grant)))
 
     def covers_tool(self, tool: str) -> bool:
@@ -128,7 +128,7 @@ def _tables(path: str, section: str, tables: Any) -> dict[str, dict[str, Any]]:
         fields: dict[str, Any] = {}
         if "approvers" in table:
             roles = table["approvers"]
-            if not isinstance(roles, list) or not roles or not all(isinstance(r, str) and ROLE.fullmatch(r) for r in roles):
+            if not valid_roles(roles):
                 raise PolicyError(f"{where}: approvers must be a non-empty list of role names")
             fields["approvers"] = sorted(set(roles))
         if "self_approval" in table:

@@ -328,8 +328,7 @@ class Machine:
                 message=message,
                 webhook=webhook,
                 deadline=now + self.timeout if self.timeout else None,
-                # A tool the operator's policy covers is asked every time (see unrememberable).
-                grants=self._allowed_grants(session.grants),
+                grants=tuple(sorted(session.grants)),
                 started_at=now,
                 by=by,
             )
@@ -760,6 +759,8 @@ class Machine:
                 job = Job(
                     session_id=turn.session_id, turn_id=turn.turn_id, message=turn.message, state=list(session.state),
                     max_interrupts=self.max_interrupts, journal=tuple(sorted(turn.journal.values(), key=lambda e: e.seq)),
+                    # A tool the operator's policy covers is asked every time (see
+                    # unrememberable), also in a turn that began before the policy did.
                     grants=self._allowed_grants(turn.grants),
                 )
                 turn.handle = Handle(session_id=turn.session_id, turn_id=turn.turn_id, job=job)

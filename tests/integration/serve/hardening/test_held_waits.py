@@ -391,7 +391,10 @@ def test_alike_long_polls_set_aside_while_their_first_waits_for_a_thread(start_s
     others are set aside (in no table of the main loop) meanwhile. Clients that reset then
     are closed once the first is answered (no descriptor kept, no worker error); a stop then
     still answers (or closes) every one of them promptly."""
-    server = start_server("tests.agents:dispatch", *ARGS, "--timeout", "4", "--read-timeout", "30",
+    # The hung turn's --timeout: long enough that, on a loaded machine, the approval sent at
+    # half of it still reaches its interrupt within its own (4 s was lost once in CI).
+    turn_timeout = 10
+    server = start_server("tests.agents:dispatch", *ARGS, "--timeout", str(turn_timeout), "--read-timeout", "30",
                           "--max-request-bytes", str(40 * 1024 * 1024))
     big = server.create_session()
     server.send(big, "echo " + "x" * (20 * 1024 * 1024))  # an answer no thread can leave to the main loop
@@ -403,7 +406,7 @@ def test_alike_long_polls_set_aside_while_their_first_waits_for_a_thread(start_s
     # is busy, and only a timer can start it then (a request would need a thread). It waits
     # behind the hung turn, killed at --timeout; and since a turn's --timeout counts from its
     # message, the approval is sent half that later, so that it is still in time to run.
-    wait_until(lambda: time.monotonic() - sent > 2, what="half the hung turn's time")
+    wait_until(lambda: time.monotonic() - sent > turn_timeout / 2, timeout=turn_timeout, what="half the hung turn's time")
     server.send(asking, "approval rm")
     polls = [Raw(server, "/interrupts?wait=true&timeout=120") for _ in range(10)]
     opened += polls

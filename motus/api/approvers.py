@@ -3,18 +3,20 @@ interrupt and the server reads back when someone answers it.
 
 A tool declares it in code::
 
-    @tool(requires_approval=True, approvers=["ops"], self_approval=False)
+    @tool(requires_approval=True, approvers=["ops"], self_approval=False, quorum=2)
     def wire_money(...): ...
 
 and its ``tool_approval`` interrupts carry it next to the call::
 
     {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {...},
-     "approvers": ["ops"], "self_approval": false}
+     "approvers": ["ops"], "self_approval": false, "quorum": 2}
 
 ``approvers``: a resume must come from a key with at least one of these roles (API keys get
 roles as ``NAME=SECRET:ops,finance``). ``self_approval: false``: the key that sent the turn's
-message may not answer it. A payload without either key has no policy: any key that may
-write answers it, as before. The interrupt is the record, so the policy survives a restart,
+message may not answer it. ``quorum: N`` (approvals only): the call runs once N different
+keys approved it; each approval before the last is recorded and the interrupt stays pending,
+one rejection resolves it as rejected. A payload without any of these keys has no policy:
+any key that may write answers it, as before. The interrupt is the record, so the policy survives a restart,
 a replay and another instance reading it from the store, and every client (the inbox, the
 web and terminal chats) can show who may answer.
 
@@ -37,7 +39,14 @@ ROLE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ANONYMOUS = "anonymous"
 
 
-def policy_fields(approvers: Iterable[str] | None, self_approval: bool = True) -> dict[str, Any]:
+#: The policy fields a payload or a policy file may carry.
+POLICY_KEYS = ("approvers", "self_approval", "quorum")
+
+#: The largest quorum: more approvers than people would ever gather for one call.
+MAX_QUORUM = 10
+
+
+def policy_fields(approvers: Iterable[str] | None, self_approval: bool = True, quorum: int = 1) -> dict[str, Any]:
     """The payload fields of a tool's policy (none when it has none). Raises ``ValueError``
     naming the problem, when the tool is defined, for a policy that could never be met."""
     fields: dict[str, Any] = {}
@@ -55,7 +64,59 @@ def policy_fields(approvers: Iterable[str] | None, self_approval: bool = True) -
         raise ValueError(f"self_approval must be True or False, got {self_approval!r}")
     if not self_approval:
         fields["self_approval"] = False
+    problem = quorum_problem(quorum)
+    if problem:
+        raise ValueError(problem)
+    if quorum > 1:
+        fields["quorum"] = quorum
     return fields
+
+
+def quorum_problem(quorum: Any) -> str | None:
+    """Why ``quorum`` is not a policy's quorum (a whole number from 1 to ``MAX_QUORUM``)."""
+    if isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= MAX_QUORUM:
+        return f"quorum must be a whole number of approvals from 1 to {MAX_QUORUM}, got {quorum!r}"
+    return None
+
+
+def quorum_of(policy: Mapping[str, Any] | None) -> int:
+    """How many different keys must approve under ``policy`` (1 without one); 0 when its
+    quorum is malformed (``refusal`` then refuses every answer)."""
+    if policy is None:
+        return 1
+    quorum = policy.get("quorum", 1)
+    return 0 if quorum_problem(quorum) else quorum
+
+
+def is_approval(payload: Any, value: Any) -> bool:
+    """Whether ``value`` approves a ``tool_approval`` interrupt (as the gate reads it,
+    ``motus.tools.approval.parse_approval``): only approvals count towards a quorum."""
+    return (isinstance(payload, Mapping) and payload.get("type") == "tool_approval"
+            and isinstance(value, Mapping) and value.get("approved") is True)
+
+
+def quorum_refusal(payload: Any, value: Any, caller: str, approved_by: Iterable[str], quorum: int) -> tuple[int, str] | None:
+    """Why this answer may not count towards a quorum of ``quorum`` approvals that
+    ``approved_by`` gave so far, as (HTTP status, message), or None. The same key cannot
+    approve twice (a two-person rule needs two people); an approval cannot edit the call's
+    arguments (each approver must approve the same call). A rejection always counts."""
+    if quorum <= 1 or not is_approval(payload, value):
+        return None
+    what = describe(payload)
+    given = list(approved_by)
+    if caller in given:
+        return 403, (f"{what} needs approvals from {quorum} different keys, and API key {caller!r} has approved it "
+                     f"already; {progress(quorum, given)}")
+    if isinstance(value, Mapping) and value.get("tool_args") is not None:
+        return 422, (f"{what} needs {quorum} approvals of the same call, so an approval cannot edit its arguments: "
+                     "approve it as it is, or reject it")
+    return None
+
+
+def progress(quorum: int, approved_by: Iterable[str]) -> str:
+    """``1 of 2 approvals: alice``: where a quorum stands, for people."""
+    names = list(approved_by)
+    return f"{len(names)} of {quorum} approvals" + (f": {', '.join(names)}" if names else "")
 
 
 def valid_roles(value: Any) -> bool:
@@ -69,10 +130,8 @@ def effective(payload: Any, override: Mapping[str, Any] | None = None) -> Mappin
     its ``tool_approval`` payload; None when nothing restricts who answers."""
     if override is not None:
         return override
-    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval" and (
-        "approvers" in payload or "self_approval" in payload
-    ):
-        return {key: payload[key] for key in ("approvers", "self_approval") if key in payload}
+    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval" and any(key in payload for key in POLICY_KEYS):
+        return {key: payload[key] for key in POLICY_KEYS if key in payload}
     return None
 
 
@@ -103,6 +162,12 @@ def refusal(
                     "(give keys roles with --api-key NAME=SECRET:ROLE)")
         if not set(roles) & set(approvers):
             return f"{what} needs a key with the role {_roles(approvers)}; API key {caller!r} has none of them"
+    quorum = quorum_of(policy)
+    if not quorum:
+        return f"{what} has a malformed quorum, so nobody may answer it"
+    if quorum > 1 and caller == ANONYMOUS:
+        return (f"{what} needs approvals from {quorum} different keys, and this server has no API keys, "
+                "so it cannot tell them apart")
     self_approval = policy.get("self_approval", True)
     if not isinstance(self_approval, bool):
         return f"{what} has a malformed self_approval, so nobody may answer it"

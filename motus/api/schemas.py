@@ -110,12 +110,23 @@ class ResumeRequest(BaseModel):
     value: Any = None
 
 
+class Approval(BaseModel):
+    """One approval given towards an interrupt's quorum."""
+
+    by: str
+    at: str | None = None
+
+
 class InterruptInfo(BaseModel):
     interrupt_id: str
     type: str
     payload: dict[str, Any]
     created_at: str | None = Field(default=None, description="When the server first saw it (ISO 8601, UTC).")
     expires_at: str | None = Field(default=None, description="When it resolves itself with its default, if it has a timeout.")
+    approvals: list[Approval] | None = Field(
+        default=None, description="With a quorum (payload.quorum): the approvals given so far, oldest first.")
+    approvals_needed: int | None = Field(
+        default=None, description="With a quorum: how many more approvals, from different keys, resolve it.")
 
     @model_serializer(mode="wrap")
     def _guide_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -126,6 +137,9 @@ class InterruptInfo(BaseModel):
         if data.get("expires_at") is None and not isinstance(self, InboxItem):
             data.pop("expires_at", None)
             data.pop("created_at", None)
+        if data.get("approvals") is None:  # only an interrupt with a quorum has these
+            data.pop("approvals", None)
+            data.pop("approvals_needed", None)
         return data
 
 
@@ -161,11 +175,13 @@ class Grant(BaseModel):
 
 class AuditEntry(BaseModel):
     """Who decided what. ``kind`` is ``resolved`` (an interrupt answered: ``by`` a key's
-    name, or ``timeout``), ``grant`` or ``revoke``; the other fields depend on it."""
+    name, or ``timeout``; with a quorum, ``approvals`` lists every approval), ``approval``
+    (one approval towards a quorum, the interrupt still pending), ``grant`` or ``revoke``;
+    the other fields depend on it."""
 
     model_config = ConfigDict(extra="allow")
 
-    kind: Literal["resolved", "grant", "revoke"]
+    kind: Literal["resolved", "approval", "grant", "revoke"]
     at: str
     by: str
 
@@ -206,6 +222,19 @@ class MessageAccepted(BaseModel):
 class ResumeAccepted(BaseModel):
     session_id: str
     status: StatusName
+    approvals_needed: int | None = Field(
+        default=None, description="An approval towards a quorum that did not complete it: how many more it needs "
+        "(the interrupt stays pending).")
+    detail: str | None = Field(default=None, description="With approvals_needed: where the quorum stands, for people.")
+
+    @model_serializer(mode="wrap")
+    def _guide_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The guide's two fields unless the answer was one approval of several."""
+        data = handler(self)
+        if data.get("approvals_needed") is None:
+            data.pop("approvals_needed", None)
+            data.pop("detail", None)
+        return data
 
 
 class HealthResponse(BaseModel):

@@ -34,7 +34,9 @@ from motus.durable.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_dept
 from motus.models import ChatMessage
 from motus.serve.origin import check_request
 
+from motus.api.approvers import effective, quorum_of
 from motus.api.schemas import (
+    Approval,
     AuditEntry,
     CreateSessionRequest,
     Grant,
@@ -54,7 +56,7 @@ from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, Serve
 from motus.serve.live import describe_turn, message_text
 from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
-from motus.serve.turns import SessionStatus, SessionView
+from motus.serve.turns import PendingInterrupt, SessionStatus, SessionView
 from motus.serve.waiting import current as current_ticket
 
 log = logging.getLogger(__name__)
@@ -306,13 +308,24 @@ def _shown_payload(payload: Any) -> Any:
     return policy.shown(payload) if policy is not None else payload
 
 
+def _quorum_fields(item: PendingInterrupt) -> dict[str, Any]:
+    """An interrupt's ``approvals`` and ``approvals_needed`` when its policy (the operator's
+    file's, else its tool's) asks for a quorum; nothing otherwise."""
+    policy = _server().approval_policy
+    quorum = quorum_of(effective(item.payload, policy.for_payload(item.payload) if policy is not None else None))
+    if quorum <= 1:
+        return {}
+    given = [Approval(by=str(a.get("by")), at=isoformat(a.get("at"))) for a in item.approvals]
+    return {"approvals": given, "approvals_needed": max(quorum - len(given), 0)}
+
+
 def _session_response(view: SessionView) -> SessionResponse:
     interrupts = None
     if view.status is SessionStatus.INTERRUPTED:
         interrupts = [
             InterruptInfo(
                 interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
-                created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
+                created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item),
             )
             for item in view.interrupts
         ]
@@ -489,7 +502,8 @@ def get_session(session_id: str) -> Response:
     response = _session_response(view)
     if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED) and live is not None:
         response.turn = describe_turn(
-            live.turn_id, live.message, live.journal, isoformat, live.started_at, live.by, live.history_at
+            live.turn_id, live.message, live.journal, isoformat, live.started_at, live.by, live.history_at,
+            approvals=live.approvals, shown=_shown_payload,
         )
     return _json(response)
 
@@ -531,8 +545,10 @@ def get_messages(session_id: str) -> Response:
 def resume(session_id: str) -> Response:
     _server().turns.get(session_id)  # 404 for an unknown session before judging the body
     body = _body(ResumeRequest)
-    status = _server().resume(session_id, body.interrupt_id, body.value, by=g.caller.name, roles=g.caller.roles)
-    return _json(ResumeAccepted(session_id=session_id, status=status.value))
+    answered = _server().answer(session_id, body.interrupt_id, body.value, by=g.caller.name, roles=g.caller.roles)
+    return _json(ResumeAccepted(session_id=session_id, status=answered.status.value, approvals_needed=answered.needed,
+                                detail=answered.progress and f"{answered.progress}; the call waits for "
+                                f"{answered.needed} more from {'another key' if answered.needed == 1 else 'other keys'}"))
 
 
 @api.get("/interrupts")
@@ -558,7 +574,7 @@ def inbox() -> Response:
         seen[entry.session_id] += 1
         items.append(InboxItem(
             session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
-            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at),
+            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item),
             context=InboxContext(
                 session_title=context.title, message=message_text(context.message), sent_by=context.by,
                 sent_at=isoformat(context.started_at), agent_text=context.agent_text,
@@ -603,9 +619,19 @@ def revoke_grant(session_id: str, tool_name: str) -> Response:
 def audit(session_id: str) -> Response:
     records = _server().turns.audit(session_id)
     return jsonify([
-        AuditEntry(kind=record.kind, at=isoformat(record.at) or "", by=record.by, **record.data).model_dump(mode="json")
+        AuditEntry(kind=record.kind, at=isoformat(record.at) or "", by=record.by, **_audit_data(record.data)).model_dump(mode="json")
         for record in records
     ])
+
+
+def _audit_data(data: dict[str, Any]) -> dict[str, Any]:
+    """An audit record's fields as clients read them: a quorum's approvals with ISO times."""
+    approvals = data.get("approvals")
+    if isinstance(approvals, list):
+        data = {**data, "approvals": [
+            {"by": a.get("by"), "at": isoformat(a.get("at"))} if isinstance(a, dict) else a for a in approvals
+        ]}
+    return data
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -169,6 +169,12 @@ class ApiKeys:
         """Every role some key that may write has (a read-only key answers nothing)."""
         return frozenset(role for key in self._keys if key.scope == WRITE for role in key.roles)
 
+    @property
+    def writers(self) -> list[frozenset[str]]:
+        """The roles of each key that may write, one set per key (a policy's quorum needs
+        that many different keys)."""
+        return [frozenset(key.roles) for key in self._keys if key.scope == WRITE]
+
     def identify(self, authorization: str | None) -> Caller | None:
         """Who the header says the caller is: ``anonymous`` when auth is off, the matching
         key's name and scope, or None for a missing or wrong key."""

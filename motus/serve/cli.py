@@ -171,7 +171,7 @@ def check_approval_policy(path: str | None, api_keys: tuple[str, ...]) -> Any:
 
     keys = ApiKeys.from_sources(api_keys)
     try:
-        return load_policy(path, keys.roles if keys else None)
+        return load_policy(path, keys.writers if keys else None)
     except PolicyError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)

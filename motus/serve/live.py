@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from motus.durable.journal import unpack
@@ -99,15 +99,22 @@ def model_reply(reply: Any) -> dict[str, Any] | None:
     return None
 
 
-def describe_step(entry: JournalEntry, isoformat: Any) -> dict[str, Any]:
+def describe_step(
+    entry: JournalEntry, isoformat: Any, approvals: Any = (), shown: Callable[[Any], Any] = lambda payload: payload
+) -> dict[str, Any]:
+    """One step of a live turn. An interrupt's payload as ``shown`` makes it (the server's
+    approval policy in place of the tool's), and a pending one's ``approvals`` towards a
+    quorum, if any."""
     step: dict[str, Any] = {"seq": entry.seq, "kind": entry.kind, "label": entry.label}
     if entry.kind == INTERRUPT:
-        step.update(interrupt_id=entry.ref, type=entry.label, payload=entry.payload, created_at=isoformat(entry.created_at))
+        step.update(interrupt_id=entry.ref, type=entry.label, payload=shown(entry.payload), created_at=isoformat(entry.created_at))
         if entry.done:
             kind, value = _outcome(entry)
             step.update(status="resolved", by=entry.answered_by, at=isoformat(entry.answered_at), value=_shown(value))
         else:
             step.update(status="pending", expires_at=isoformat(entry.expires_at))
+            if approvals:
+                step["approvals"] = [{"by": a.get("by"), "at": isoformat(a.get("at"))} for a in approvals]
         return step
     if not entry.done:
         step["status"] = "running"
@@ -184,6 +191,8 @@ def describe_turn(
     started_at: float | None = None,
     by: str | None = None,
     history_at: int | None = None,
+    approvals: Mapping[str, Any] | None = None,
+    shown: Callable[[Any], Any] = lambda payload: payload,
 ) -> dict[str, Any]:
     """The ``turn`` object: the message that started it, when and by whom (the name of the
     key that sent it), where its messages will start in the history (``history_at``: the
@@ -192,12 +201,13 @@ def describe_turn(
     ``history_at`` lets a client that reads the session and then its messages tell that the
     turn ended between the two reads (the history is longer than ``history_at``): it then
     shows the stored messages, not the turn's steps beside them (which showed the reply
-    twice)."""
+    twice). ``approvals``: per interrupt id, the approvals given towards its quorum;
+    ``shown``: an interrupt's payload as clients see it."""
     return {
         "turn_id": turn_id,
         "started_at": isoformat(started_at),
         "sent_by": by,
         "history_at": history_at,
         "message": message,
-        "steps": [describe_step(entry, isoformat) for entry in _in_order(journal)],
+        "steps": [describe_step(entry, isoformat, (approvals or {}).get(entry.ref or "", ()), shown) for entry in _in_order(journal)],
     }

@@ -7,16 +7,20 @@ The file is TOML::
     approvers = ["finance"]    # roles (API keys: NAME=SECRET:ROLE,ROLE), at least one
     self_approval = false      # the key that sent the turn's message may not answer
 
+    quorum = 2                 # two different keys must approve each call
+
     [type.user_input]          # every interrupt of this type (ask_user_question's)
     approvers = ["ops"]
 
 A tool's table wins over its interrupt type's, and the file wins over what a tool declares
 in code (``@tool(approvers=...)``, ``motus.api.approvers``): the agent is code the operator
-deploys, the file is what the operator reviews. A table needs ``approvers`` or
-``self_approval = false``.
+deploys, the file is what the operator reviews. A table needs ``approvers``,
+``self_approval = false`` or a ``quorum`` above 1; a quorum counts approvals, so only a
+``[tool.NAME]`` table or ``[type.tool_approval]`` may have one.
 
 Guarantees: a file that cannot be read or is not exactly this shape, a role that no key
-able to write has (nobody could ever answer), or a file on a server without API keys (no
+able to write has (nobody could ever answer), a quorum larger than the keys that could
+approve, or a file on a server without API keys (no
 one can be told apart) stops the start with one line naming the problem. The policy is read
 once at start and never changes while the server runs; every instance on a shared store
 must be given the same file (each checks the answers it takes). Thread safety: immutable.
@@ -28,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from motus.api.approvers import valid_roles
+from motus.api.approvers import POLICY_KEYS, quorum_problem, valid_roles
 
 
 class PolicyError(ValueError):
@@ -37,7 +41,7 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class ApprovalPolicy:
-    """Per tool and per interrupt type: ``{"approvers": [...], "self_approval": bool}``."""
+    """Per tool and per interrupt type: ``{"approvers": [...], "self_approval": bool, "quorum": int}``."""
 
     path: str
     tools: Mapping[str, Mapping[str, Any]]
@@ -60,7 +64,7 @@ class ApprovalPolicy:
         override = self.for_payload(payload)
         if override is None:
             return payload
-        return {**{k: v for k, v in payload.items() if k not in ("approvers", "self_approval")}, **override}
+        return {**{k: v for k, v in payload.items() if k not in POLICY_KEYS}, **override}
 
     def allowed_grants(self, grants: Iterable[str]) -> tuple[str, ...]:
         """The session's grants a turn's process may use: none for a tool this file covers (it
@@ -77,9 +81,9 @@ class ApprovalPolicy:
         return frozenset(role for table in (*self.tools.values(), *self.types.values()) for role in table.get("approvers", ()))
 
 
-def load_policy(path: str, key_roles: Iterable[str] | None) -> ApprovalPolicy:
-    """Read and check the policy file. ``key_roles``: every role a key that may write has
-    (None: the server has no API keys)."""
+def load_policy(path: str, key_roles: Iterable[Iterable[str]] | None) -> ApprovalPolicy:
+    """Read and check the policy file. ``key_roles``: the roles of each key that may write,
+    one collection per key (None: the server has no API keys)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -103,10 +107,20 @@ def load_policy(path: str, key_roles: Iterable[str] | None) -> ApprovalPolicy:
     if key_roles is None:
         raise PolicyError(f"--approval-policy {path} needs API keys with roles (--api-key NAME=SECRET:ROLE): "
                           "without keys nobody can be told apart")
-    missing = sorted(policy.roles - set(key_roles))
+    keys = [frozenset(roles) for roles in key_roles]
+    missing = sorted(policy.roles - {role for roles in keys for role in roles})
     if missing:
         raise PolicyError(f"--approval-policy {path} names the role {missing[0]!r}, which no API key that may write has: "
                           "nobody could answer those interrupts")
+    for section, tables in (("tool", policy.tools), ("type", policy.types)):
+        for name, table in tables.items():
+            quorum = table.get("quorum", 1)
+            approvers = set(table.get("approvers", ()))
+            able = sum(1 for roles in keys if not approvers or roles & approvers)
+            if quorum > able:
+                whose = f"with the role {' or '.join(sorted(approvers))}" if approvers else "that may write"
+                raise PolicyError(f"--approval-policy {path}: [{section}.{_one_line(name)}] needs {quorum} approvals, "
+                                  f"and only {able} API key{'' if able == 1 else 's'} {whose}: it could never be approved")
     return policy
 
 
@@ -122,9 +136,9 @@ def _tables(path: str, section: str, tables: Any) -> dict[str, dict[str, Any]]:
         where = f"--approval-policy {path}: [{section}.{_one_line(name)}]"
         if not isinstance(table, dict):
             raise PolicyError(f"{where} must be a table")
-        unknown = sorted(set(table) - {"approvers", "self_approval"})
+        unknown = sorted(set(table) - set(POLICY_KEYS))
         if unknown:
-            raise PolicyError(f"{where} has an unknown key {unknown[0]!r} (approvers, self_approval)")
+            raise PolicyError(f"{where} has an unknown key {unknown[0]!r} ({', '.join(POLICY_KEYS)})")
         fields: dict[str, Any] = {}
         if "approvers" in table:
             roles = table["approvers"]
@@ -136,7 +150,15 @@ def _tables(path: str, section: str, tables: Any) -> dict[str, dict[str, Any]]:
                 raise PolicyError(f"{where}: self_approval must be true or false")
             if not table["self_approval"]:
                 fields["self_approval"] = False
+        if "quorum" in table:
+            problem = quorum_problem(table["quorum"])
+            if problem:
+                raise PolicyError(f"{where}: {problem}")
+            if section == "type" and name != "tool_approval":
+                raise PolicyError(f"{where}: a quorum counts approvals, so only [tool.NAME] and [type.tool_approval] may have one")
+            if table["quorum"] > 1:
+                fields["quorum"] = table["quorum"]
         if not fields:
-            raise PolicyError(f"{where} restricts nothing: give approvers or self_approval = false")
+            raise PolicyError(f"{where} restricts nothing: give approvers, self_approval = false or a quorum above 1")
         checked[name] = fields
     return checked

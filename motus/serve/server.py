@@ -32,7 +32,7 @@ from motus.serve.pool import PoolClosed, WorkerPool
 from motus.serve.processes import WORKER_PROCESS_NAME, WORKER_WITH_MAIN_NAME
 from motus.serve.store import SharedStore, Store, StoreError, default_store_url, store_from_url
 from motus.serve.streams import StreamSlots
-from motus.serve.turns import SessionStatus, Turns
+from motus.serve.turns import Answered, SessionStatus, Turns
 from motus.serve.webhooks import SECRET_ENV_VAR as WEBHOOK_SECRET_ENV_VAR
 from motus.serve.webhooks import WebhookSender
 
@@ -162,7 +162,7 @@ class AgentServer:
         #: The operator's approval policy file, read once (``motus.serve.policy``).
         self.approval_policy = (
             approval_policy if isinstance(approval_policy, ApprovalPolicy) or not approval_policy
-            else load_policy(approval_policy, self.api_keys.roles if self.api_keys else None)
+            else load_policy(approval_policy, self.api_keys.writers if self.api_keys else None)
         )
         self.turns = Turns(
             self.store,
@@ -330,8 +330,14 @@ class AgentServer:
     def resume(
         self, session_id: str, interrupt_id: str, value: Any, by: str = "anonymous", roles: frozenset[str] = frozenset()
     ) -> SessionStatus:
+        return self.answer(session_id, interrupt_id, value, by=by, roles=roles).status
+
+    def answer(
+        self, session_id: str, interrupt_id: str, value: Any, by: str = "anonymous", roles: frozenset[str] = frozenset()
+    ) -> Answered:
+        """``resume``, saying also where a quorum of approvals stands after it."""
         self.start()
-        return self.turns.resume(session_id, interrupt_id, value, by=by, roles=roles)
+        return self.turns.answer(session_id, interrupt_id, value, by=by, roles=roles)
 
     def delete(self, session_id: str) -> None:
         self.turns.delete(session_id)

@@ -29,8 +29,9 @@ pause (a predicate gate still consults its predicate first, so a call it waves t
 never asked). The server records the grant (``GET /sessions/{id}/grants``); revoking it
 takes effect from the session's next turn.
 
-**Who may approve.** ``approvers=[...]`` and ``self_approval=False`` on the tool go into each
-of its interrupts; the server refuses (403) an answer from a key the policy leaves out
+**Who may approve.** ``approvers=[...]``, ``self_approval=False`` and ``quorum=N`` on the tool
+go into each of its interrupts; the server refuses (403) an answer from a key the policy leaves
+out, and with a quorum resumes the call only once N different keys approved it
 (:mod:`motus.api.approvers`). Such a tool is never remembered for the session (a grant would
 let later calls through with nobody asked): an answer with ``remember`` is a 422, and a grant
 recorded before the tool had a policy is not used.

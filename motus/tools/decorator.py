@@ -112,6 +112,7 @@ class Tool:
         approval_timeout: float | None = None,
         approvers: Sequence[str] | None = None,
         self_approval: bool = True,
+        quorum: int = 1,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"tool() needs a function, got {type(fn).__name__}")
@@ -135,9 +136,9 @@ class Tool:
             if not requires_approval:
                 raise ValueError("approval_timeout needs requires_approval: a tool nobody approves cannot time out")
         self.approval_timeout = approval_timeout
-        self.approval_policy = policy_fields(approvers, self_approval)
+        self.approval_policy = policy_fields(approvers, self_approval, quorum)
         if self.approval_policy and not requires_approval:
-            raise ValueError("approvers and self_approval need requires_approval: they say who may approve a call")
+            raise ValueError("approvers, self_approval and quorum need requires_approval: they say who may approve a call")
         gate = [approval_gate(self.name, requires_approval, approval_timeout, self.approval_policy)] if requires_approval else []
         self.input_guardrails: list[Guardrail] = [*gate, *input_guardrails]
         self.output_guardrails: list[Guardrail] = list(output_guardrails)
@@ -272,6 +273,7 @@ def tool(
     approval_timeout: float | None = ...,
     approvers: Sequence[str] | None = ...,
     self_approval: bool = ...,
+    quorum: int = ...,
 ) -> Tool: ...
 @overload
 def tool(
@@ -287,6 +289,7 @@ def tool(
     approval_timeout: float | None = ...,
     approvers: Sequence[str] | None = ...,
     self_approval: bool = ...,
+    quorum: int = ...,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -297,8 +300,8 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Call
     model for the arguments instead of the type hints), ``requires_approval`` (``True``
     or a predicate over the arguments), ``approval_timeout`` (seconds before an unanswered
     approval is rejected), ``approvers`` (roles, one of which the answering API key must
-    have) and ``self_approval=False`` (the key that sent the turn's message may not
-    approve; see ``motus.api.approvers``), ``input_guardrails``, ``output_guardrails``.
+    have), ``self_approval=False`` (the key that sent the turn's message may not
+    approve) and ``quorum=N`` (N different keys must approve; see ``motus.api.approvers``), ``input_guardrails``, ``output_guardrails``.
     """
     if fn is not None:
         return Tool(fn, **options)

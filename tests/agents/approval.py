@@ -59,7 +59,15 @@ def wire_money(amount: int) -> str:
     return f"wired {amount}"
 
 
-TOOLS = {"delete_file": delete_file, "edit_file": edit_file, "send_money": send_money, "wire_money": wire_money}
+@tool(requires_approval=True, approvers=["finance"], quorum=2)
+def release_funds(amount: int) -> str:
+    """Release ``amount``: two different keys with the role ``finance`` approve (a two-person rule)."""
+    _ran("release_funds", str(amount))
+    return f"released {amount}"
+
+
+TOOLS = {"delete_file": delete_file, "edit_file": edit_file, "send_money": send_money, "wire_money": wire_money,
+         "release_funds": release_funds}
 
 
 async def calls(message: ChatMessage, state: list[ChatMessage]):
@@ -71,7 +79,7 @@ async def calls(message: ChatMessage, state: list[ChatMessage]):
         if not name:
             continue
         tool_ = TOOLS[name]
-        key = "amount" if name in ("send_money", "wire_money") else "path"
+        key = "amount" if name in ("send_money", "wire_money", "release_funds") else "path"
         value: object = int(argument) if key == "amount" else argument
         results.append(await tool_.invoke({key: value}))
     return _reply(message, state, " | ".join(results))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,10 @@ class TurnRecord:
     started_at: float | None = None  # wall clock
     #: The name of the API key that sent the turn's message (None before version 4).
     by: str | None = None
+    #: Interrupt id -> the approvals given so far towards its quorum (``motus.api.approvers``),
+    #: each ``{"by": key name, "at": wall clock}``, oldest first. In the row, so a partial
+    #: quorum survives restarts and another instance's write is refused rather than lost.
+    approvals: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
 
 def senders_json(senders: dict[int, dict[str, Any]]) -> str | None:
@@ -89,8 +93,11 @@ def turn_json(turn: TurnRecord | None) -> str | None:
     """A live turn's column (its journal is rows of its own); None without one."""
     if turn is None:
         return None
-    return dump_json({"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline,
-                      "grants": list(turn.grants), "started_at": turn.started_at, "by": turn.by})
+    fields = {"message": turn.message, "webhook": turn.webhook, "deadline": turn.deadline,
+              "grants": list(turn.grants), "started_at": turn.started_at, "by": turn.by}
+    if turn.approvals:  # only with a partial quorum: other rows stay as they were
+        fields["approvals"] = {ref: [dict(given) for given in approvals] for ref, approvals in turn.approvals.items()}
+    return dump_json(fields)
 
 
 #: A journal row's columns, as both schemas name them, in the order ``stored_entry`` reads them.
@@ -165,6 +172,7 @@ def turn_from_json(turn_id: int, text: str | None, journal: list[JournalEntry]) 
     return TurnRecord(
         turn_id=turn_id, message=live["message"], webhook=live.get("webhook"), deadline=live.get("deadline"),
         journal=journal, grants=tuple(live.get("grants") or ()), started_at=live.get("started_at"), by=live.get("by"),
+        approvals={ref: tuple(given) for ref, given in (live.get("approvals") or {}).items()},
     )
 
 
@@ -224,7 +232,7 @@ class AuditRecord:
     given or revoked. Kept for as long as the session; survives restarts when durable."""
 
     session_id: str
-    kind: str  # resolved | grant | revoke
+    kind: str  # resolved | approval (one towards a quorum) | grant | revoke
     at: float
     by: str
     data: dict[str, Any]

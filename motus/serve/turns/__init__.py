@@ -9,7 +9,7 @@ modules import are re-exported here, so ``from motus.serve.turns import Turns`` 
 
 from __future__ import annotations
 
-from motus.serve.turns.machine import STALE_RETRIES
+from motus.serve.turns.machine import STALE_RETRIES, Answered
 from motus.serve.turns.sessions import Turns
 from motus.serve.turns.state import (
     _MOVES,
@@ -41,6 +41,7 @@ from motus.serve.turns.timers import MAX_TIMER_WAIT, PARK_SETTLE_SECONDS, STORE_
 
 __all__ = [
     "ALREADY_RESUMED",
+    "Answered",
     "ANONYMOUS",
     "BY_TIMEOUT",
     "CANCELLED",

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from motus.api.approvers import refusal, unrememberable
+from motus.api.approvers import effective, is_approval, progress, quorum_of, quorum_refusal, refusal, unrememberable
 from motus.api.titles import derived_title
 from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, Unprocessable, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
@@ -83,6 +83,17 @@ T = TypeVar("T")
 
 #: How often a change refused by a shared store (the row changed meanwhile) is tried again.
 STALE_RETRIES = 8
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What a person's answer did: the session's status after it, and, when it was one
+    approval of a quorum that still needs more, how many more (``needed``) and where the
+    quorum stands for people (``progress``: ``1 of 2 approvals: alice``)."""
+
+    status: SessionStatus
+    needed: int | None = None
+    progress: str | None = None
 
 
 class Machine:
@@ -357,14 +368,22 @@ class Machine:
     def resume(
         self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS, roles: frozenset[str] = frozenset()
     ) -> SessionStatus:
+        """``answer``'s status: the one this left the session in."""
+        return self.answer(session_id, interrupt_id, value, by, roles).status
+
+    def answer(
+        self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS, roles: frozenset[str] = frozenset()
+    ) -> Answered:
         """Answer one pending interrupt on behalf of ``by`` (a key's name, with ``roles``);
         returns the status this left the session in. An interrupt whose payload names who
         may answer it (``motus.api.approvers``) refuses anyone else with ``NotAnApprover``
-        (403), changing nothing. A turn whose worker runs on another instance gets
+        (403), changing nothing. One that needs a quorum of approvals records each approval
+        before the last (``_approve_partly_locked``) and stays pending; the last approval, or
+        any rejection, resolves it. A turn whose worker runs on another instance gets
         the value from that instance (it reads the answer from the store); one whose instance
         is gone is taken over here and replayed."""
 
-        def resume(session: Session, after: After) -> SessionStatus:
+        def resume(session: Session, after: After) -> Answered:
             turn = session.turn
             pending = turn.pending() if turn is not None and session.status is SessionStatus.INTERRUPTED else []
             entry = next((e for e in pending if e.ref == interrupt_id), None)
@@ -388,9 +407,40 @@ class Machine:
             why = unrememberable(entry.payload, value, override)
             if why is not None:
                 raise Unprocessable(why)
-            return self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take)
+            quorum = quorum_of(effective(entry.payload, override))
+            given = turn.approvals.get(interrupt_id, ())
+            refused = quorum_refusal(entry.payload, value, by, [a.get("by") for a in given], quorum)
+            if refused is not None:
+                status, why = refused
+                raise NotAnApprover(f"Forbidden: {why}") if status == 403 else Unprocessable(why)
+            if quorum > 1 and is_approval(entry.payload, value) and len(given) + 1 < quorum:
+                return self._approve_partly_locked(session, turn, entry, value, by, quorum, after)
+            return Answered(self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take))
 
         return self._attempt(session_id, resume)
+
+    def _approve_partly_locked(
+        self, session: Session, turn: Turn, entry: JournalEntry, value: Any, by: str, quorum: int, after: After
+    ) -> Answered:
+        """One approval towards a quorum, not the last: committed in the turn's row (so a
+        restart, a replay or another instance keeps it) with its audit record and an
+        ``approval`` event; the interrupt stays pending and the turn waits on."""
+        now = self._clock()
+        interrupt_id = entry.ref or ""
+        given = (*turn.approvals.get(interrupt_id, ()), {"by": by, "at": now})
+        approvals = {**turn.approvals, interrupt_id: given}
+        names = [a["by"] for a in given]
+        events = [session.event("approval", now, interrupt_id=interrupt_id, type=entry.label, by=by, approvals=names,
+                                quorum=quorum, progress=progress(quorum, names), turn_id=turn.turn_id)]
+        audit = [AuditRecord(session.session_id, "approval", now, by, {
+            "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value,
+            "approvals": len(given), "quorum": quorum, "turn_id": turn.turn_id, "history_at": len(session.state),
+        })]
+        self._save(session, session.record(touched=now, turn=turn.record(approvals)), (), events, audit)
+        turn.approvals = approvals
+        session.touched = now
+        after.publish.append(session.session_id)
+        return Answered(SessionStatus.INTERRUPTED, quorum - len(given), progress(quorum, names))
 
     def _resolve_locked(
         self, session: Session, turn: Turn, entry: JournalEntry, last: bool, value: Any, by: str, after: After,
@@ -413,6 +463,11 @@ class Machine:
             # ends): a client places the record among that turn's messages, not an earlier one's.
             "turn_id": turn.turn_id, "history_at": len(session.state),
         })]
+        given = turn.approvals.get(interrupt_id, ())
+        approvals = {ref: a for ref, a in turn.approvals.items() if ref != interrupt_id}
+        if given:  # a quorum: the record lists every approval, this answer's too when it is one
+            every = [*given, {"by": by, "at": now}] if not expired and is_approval(entry.payload, value) else list(given)
+            audit[0].data["approvals"] = [{"by": a.get("by"), "at": a.get("at")} for a in every]
         grants = session.grants
         tool = remembered_tool(entry.payload, value)
         if tool is not None:
@@ -427,8 +482,10 @@ class Machine:
         if last:
             events.append(session.event("status", now, status=status.value))
         owner = self.instance if take else session.owner  # take: its instance is gone, it runs here
-        self._save(session, session.record(status=status, touched=now, grants=grants, owner=owner), [answered], events, audit)
+        record = session.record(status=status, touched=now, grants=grants, owner=owner, turn=turn.record(approvals))
+        self._save(session, record, [answered], events, audit)
         turn.journal[answered.seq] = answered
+        turn.approvals = approvals
         session.touched, session.grants, session.owner = now, grants, owner
         session.retire(interrupt_id, EXPIRED if expired else already_resumed(by, now))
         if take:
@@ -945,8 +1002,10 @@ def _senders(session: Session, turn: Turn, new_state: list[dict[str, Any]]) -> d
 
 
 def _inbox_view(session: Session) -> dict[str, str]:
-    """What the inbox shows of a session (under its lock): its pending interrupts' ids and
-    types."""
+    """What the inbox shows of a session (under its lock): its pending interrupts' ids
+    (with the approvals each has towards a quorum) and types."""
     if session.deleted or session.turn is None:
         return {}
-    return {item.interrupt_id: item.type for item in session.view().interrupts}
+    # An approval towards a quorum changes what the inbox shows of an interrupt: its key
+    # changes with the count, so the inbox is read again (and its long polls woken).
+    return {f"{item.interrupt_id}#{len(item.approvals)}": item.type for item in session.view().interrupts}

@@ -107,10 +107,10 @@ class Queries:
             pending, contexts = ask_store(store.inbox)
             found = []
             for session_id, entry in pending:
-                item = pending_interrupt(entry)
+                stored = contexts.get(session_id)
+                turn = stored.turn if stored is not None else None
+                item = pending_interrupt(entry, turn.approvals.get(entry.ref or "", ()) if turn is not None else ())
                 if kind is None or item.type == kind:
-                    stored = contexts.get(session_id)
-                    turn = stored.turn if stored is not None else None
                     context = turn_context(stored.title if stored is not None else None, turn, turn.journal if turn is not None else ())
                     found.append(InboxEntry(session_id, item, context))
             return found
@@ -253,11 +253,13 @@ class LiveTurn(NamedTuple):
     started_at: float | None
     by: str | None
     history_at: int  # the history's length: where the turn's messages will start
+    approvals: dict[str, tuple[dict[str, Any], ...]]  # towards a quorum, per interrupt id
 
 
 def _live_turn(session: Session) -> LiveTurn | None:
     turn = session.turn
     if turn is None or turn.state is TurnState.ENDED:
         return None
-    return LiveTurn(turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by, len(session.state))
+    return LiveTurn(turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by, len(session.state),
+                    dict(turn.approvals))
 

@@ -302,6 +302,7 @@ class SharedReplicas(Replicas):
         session.state, session.turn_id, session.grants, session.title = fresh.state, fresh.turn_id, fresh.grants, fresh.title
         session.senders = fresh.senders
         if keep:
+            turn.approvals = dict(fresh.turn.approvals)  # type: ignore[union-attr]  # approvals of a quorum given elsewhere
             answered = []
             for entry in fresh.turn.journal.values():  # type: ignore[union-attr]
                 known = turn.journal.get(entry.seq)  # type: ignore[union-attr]

@@ -130,6 +130,8 @@ class PendingInterrupt:
     payload: dict[str, Any]
     created_at: float | None = field(default=None, compare=False)  # wall clock
     expires_at: float | None = field(default=None, compare=False)  # wall clock
+    #: The approvals given so far towards its quorum, each {"by", "at"} (``Turn.approvals``).
+    approvals: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     @property
     def type(self) -> str:
@@ -183,6 +185,9 @@ class Turn:
     grants: tuple[str, ...] = ()  # the session's grants when the turn started (replays see the same)
     started_at: float | None = None  # wall clock, for people (the live turn)
     by: str | None = None  # the name of the key that sent its message, for people
+    #: Interrupt id -> approvals given so far towards its quorum, each {"by", "at"}; stored
+    #: in the turn's row (``TurnRecord.approvals``). Replaced, never changed in place.
+    approvals: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)  # for the turn duration metric
 
     def calls_in_flight(self) -> bool:
@@ -237,10 +242,12 @@ class Turn:
         # agent gave up on (``asyncio.wait_for(interrupt(...), t)``), the server does not.
         return None
 
-    def record(self) -> TurnRecord:
+    def record(self, approvals: dict[str, tuple[dict[str, Any], ...]] | None = None) -> TurnRecord:
+        """The turn's row; ``approvals`` in place of its own (a change about to be committed)."""
+        given = self.approvals if approvals is None else approvals
         return TurnRecord(
             turn_id=self.turn_id, message=self.message, webhook=self.webhook, deadline=self.deadline, grants=self.grants,
-            started_at=self.started_at, by=self.by,
+            started_at=self.started_at, by=self.by, approvals={ref: tuple(a) for ref, a in given.items() if a},
         )
 
 
@@ -285,7 +292,8 @@ class Session:
     def view(self) -> SessionView:
         interrupts: tuple[PendingInterrupt, ...] = ()
         if self.turn is not None and self.status is SessionStatus.INTERRUPTED:
-            interrupts = tuple(pending_interrupt(e) for e in self.turn.pending())
+            approvals = self.turn.approvals
+            interrupts = tuple(pending_interrupt(e, approvals.get(e.ref or "", ())) for e in self.turn.pending())
         return SessionView(
             session_id=self.session_id,
             status=self.status,
@@ -383,6 +391,7 @@ def session_from(record: SessionRecord) -> Session:
             grants=record.turn.grants,
             started_at=record.turn.started_at,
             by=record.turn.by,
+            approvals={ref: tuple(dict(a) for a in given) for ref, given in record.turn.approvals.items()},
             state=TurnState.ELSEWHERE,
         )
     elif status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED):
@@ -416,8 +425,10 @@ def storable_text(text: str) -> str:
     return text
 
 
-def pending_interrupt(entry: JournalEntry) -> PendingInterrupt:
-    return PendingInterrupt(entry.ref or "", entry.payload or {}, entry.created_at, entry.expires_at)
+def pending_interrupt(entry: JournalEntry, approvals: Any = ()) -> PendingInterrupt:
+    """A pending interrupt as clients see it, with the approvals given so far towards its quorum."""
+    return PendingInterrupt(entry.ref or "", entry.payload or {}, entry.created_at, entry.expires_at,
+                            tuple(dict(a) for a in approvals))
 
 
 def interrupt_data(entry: JournalEntry) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def written(tmp_path: Path, text: str) -> str:
 
 
 def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path: Path) -> None:
-    policy = load_policy(written(tmp_path, FILE + '\n[type.tool_approval]\napprovers = ["finance"]\n'), {"ops", "dba", "finance"})
+    policy = load_policy(written(tmp_path, FILE + '\n[type.tool_approval]\napprovers = ["finance"]\n'), [{"ops", "dba", "finance"}])
     coded = {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "approvers": ["finance"], "self_approval": False}
     assert policy.for_payload(coded) == {"approvers": ["ops"]}
     assert policy.for_payload({"type": "tool_approval", "tool_name": "other"}) == {"approvers": ["finance"]}
@@ -48,24 +48,40 @@ def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path
     assert policy.covers_tool("anything")  # [type.tool_approval] covers every tool
 
 
+def test_a_quorum_is_shown_in_place_of_the_tools_and_met_by_enough_keys(tmp_path: Path) -> None:
+    policy = load_policy(written(tmp_path, "[tool.wire_money]\napprovers = ['finance']\nquorum = 2\n"),
+                         [{"finance"}, {"finance", "ops"}, {"ops"}])
+    coded = {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "quorum": 3, "self_approval": False}
+    assert policy.for_payload(coded) == {"approvers": ["finance"], "quorum": 2}
+    assert policy.shown(coded) == {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "approvers": ["finance"], "quorum": 2}
+
+
 @pytest.mark.parametrize(
     ("text", "roles", "message"),
     [
-        ("[tool.x]\napprovers = ['finance']\n", {"ops"}, "names the role 'finance', which no API key that may write has"),
+        ("[tool.x]\napprovers = ['finance']\n", [{"ops"}], "names the role 'finance', which no API key that may write has"),
         ("[tool.x]\napprovers = ['ops']\n", None, "needs API keys with roles"),
-        ("[tools.x]\napprovers = ['ops']\n", {"ops"}, "unknown table [tools]"),
-        ("[tool.x]\napprover = ['ops']\n", {"ops"}, "unknown key 'approver'"),
-        ("[tool.x]\napprovers = 'ops'\n", {"ops"}, "non-empty list of role names"),
-        ("[tool.x]\napprovers = []\n", {"ops"}, "non-empty list of role names"),
-        ("[tool.x]\nself_approval = 'no'\n", {"ops"}, "self_approval must be true or false"),
-        ("[tool.x]\nself_approval = true\n", {"ops"}, "restricts nothing"),
-        ("[tool]\nx = 1\n", {"ops"}, "[tool.x] must be a table"),
-        ("[tool.x\n", {"ops"}, "is not valid TOML"),
-        ("[tool.\"a\\nb\"]\nself_approval = 1\n", {"ops"}, "[tool.a b]: self_approval must be true or false"),
-        ("x = " + "[" * 5000 + "]" * 5000 + "\n", {"ops"}, "nests arrays or tables too deeply"),
+        ("[tools.x]\napprovers = ['ops']\n", [{"ops"}], "unknown table [tools]"),
+        ("[tool.x]\napprover = ['ops']\n", [{"ops"}], "unknown key 'approver'"),
+        ("[tool.x]\napprovers = 'ops'\n", [{"ops"}], "non-empty list of role names"),
+        ("[tool.x]\napprovers = []\n", [{"ops"}], "non-empty list of role names"),
+        ("[tool.x]\nself_approval = 'no'\n", [{"ops"}], "self_approval must be true or false"),
+        ("[tool.x]\nself_approval = true\n", [{"ops"}], "restricts nothing"),
+        ("[tool.x]\nquorum = 1\n", [{"ops"}], "restricts nothing"),
+        ("[tool.x]\nquorum = 0\n", [{"ops"}], "quorum must be a whole number of approvals from 1 to 10, got 0"),
+        ("[tool.x]\nquorum = 2.0\n", [{"ops"}], "quorum must be a whole number"),
+        ("[tool.x]\nquorum = true\n", [{"ops"}], "quorum must be a whole number"),
+        ("[type.user_input]\nquorum = 2\n", [{"ops"}, {"ops"}], "only [tool.NAME] and [type.tool_approval] may have one"),
+        ("[tool.x]\napprovers = ['ops']\nquorum = 2\n", [{"ops"}, {"finance"}],
+         "[tool.x] needs 2 approvals, and only 1 API key with the role ops: it could never be approved"),
+        ("[tool.x]\nquorum = 3\n", [{"ops"}, set()], "needs 3 approvals, and only 2 API keys that may write"),
+        ("[tool]\nx = 1\n", [{"ops"}], "[tool.x] must be a table"),
+        ("[tool.x\n", [{"ops"}], "is not valid TOML"),
+        ("[tool.\"a\\nb\"]\nself_approval = 1\n", [{"ops"}], "[tool.a b]: self_approval must be true or false"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", [{"ops"}], "nests arrays or tables too deeply"),
     ],
 )
-def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, text: str, roles: set[str] | None, message: str) -> None:
+def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, text: str, roles: list[set[str]] | None, message: str) -> None:
     with pytest.raises(PolicyError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
         load_policy(written(tmp_path, text), roles)
     assert "\n" not in str(caught.value)
@@ -73,11 +89,11 @@ def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, te
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="Cannot read --approval-policy .*missing.toml"):
-        load_policy(str(tmp_path / "missing.toml"), {"ops"})
+        load_policy(str(tmp_path / "missing.toml"), [{"ops"}])
 
 
 def test_a_file_that_is_not_utf_8_is_refused_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "policy.toml"
     path.write_bytes(b'[tool.x]\napprovers = ["\xff\xfe"]\n')
     with pytest.raises(PolicyError, match="is not UTF-8 text"):
-        load_policy(str(path), {"ops"})
+        load_policy(str(path), [{"ops"}])

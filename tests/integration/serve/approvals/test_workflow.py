@@ -574,6 +574,114 @@ def test_the_policy_holds_after_kill_9_for_the_parked_turn(start_server: Callabl
     assert ran(sandbox, "wire_money") == ["104"]
 
 
+def test_a_two_person_rule_records_the_first_approval_and_runs_the_call_on_a_second_keys(
+    shared: Callable[..., Server], shared_sandbox: Path, streams
+) -> None:
+    """``release_funds`` needs two approvals from keys with the role finance (``quorum=2``).
+    bob's approval is recorded and the interrupt stays pending ("1 of 2 approvals: bob") in
+    the session, the inbox, the live turn and the event stream; bob again, dave (no role)
+    and an edited call are refused and change nothing; carol's approval runs the call once,
+    and the audit lists both approvals. On two instances the requests alternate, so the two
+    approvals are taken by different instances."""
+    server = shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox))
+    keys = as_keys(server)
+    amount = str(uuid.uuid4().int % 10**9)
+    stream = streams(keys["alice"])
+    session_id = start(keys["alice"], f"release_funds {amount}")
+    [item] = pending(keys["alice"], session_id)
+    interrupt_id = item["interrupt_id"]
+    assert item["payload"]["quorum"] == 2 and item["approvals"] == [] and item["approvals_needed"] == 2, item
+    first = resume(keys["bob"], session_id, interrupt_id, {"approved": True})
+    assert first.status_code == 200, first.text
+    assert first.json() == {"session_id": session_id, "status": "interrupted", "approvals_needed": 1,
+                            "detail": "1 of 2 approvals: bob; the call waits for 1 more from another key"}
+    assert stream.until("approval", interrupt_id=interrupt_id)[-1]["data"]["progress"] == "1 of 2 approvals: bob"
+    for reader in ("alice", "dave"):  # each instance, in turn, says where the quorum stands
+        body = keys[reader].get(f"/sessions/{session_id}").json()
+        [waiting] = body["interrupts"]
+        assert body["status"] == "interrupted" and [a["by"] for a in waiting["approvals"]] == ["bob"], body
+        assert waiting["approvals_needed"] == 1 and waiting["approvals"][0]["at"].endswith("Z"), waiting
+        [step] = [s for s in body["turn"]["steps"] if s["kind"] == "interrupt"]
+        assert [a["by"] for a in step["approvals"]] == ["bob"], step
+        [listed] = [i for i in keys[reader].get("/interrupts").json() if i["session_id"] == session_id]
+        assert [a["by"] for a in listed["approvals"]] == ["bob"] and listed["approvals_needed"] == 1, listed
+    for name, value, status, why in (
+        ("bob", {"approved": True}, 403, "needs approvals from 2 different keys, and API key 'bob' has approved it already; "
+                                          "1 of 2 approvals: bob"),
+        ("dave", {"approved": True}, 403, "needs a key with the role 'finance'; API key 'dave' has none of them"),
+        ("carol", {"approved": True, "tool_args": {"amount": 1}}, 422, "an approval cannot edit its arguments"),
+        ("carol", {"approved": True, "remember": "session"}, 422, "cannot be remembered for the session"),
+    ):
+        refused = resume(keys[name], session_id, interrupt_id, value)
+        assert refused.status_code == status and why in refused.json()["detail"], refused.text
+        body = keys["alice"].get(f"/sessions/{session_id}").json()
+        assert body["status"] == "interrupted" and [a["by"] for a in body["interrupts"][0]["approvals"]] == ["bob"], body
+        assert amount not in ran(shared_sandbox, "release_funds")
+    second = resume(keys["carol"], session_id, interrupt_id, {"approved": True})
+    assert second.status_code == 200 and second.json() == {"session_id": session_id, "status": "running"}, second.text
+    assert keys["alice"].wait_for_status(session_id, "idle")["response"]["content"] == f"released {amount}"
+    assert ran(shared_sandbox, "release_funds").count(amount) == 1
+    audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
+    assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "carol")], audit
+    assert audit[0]["approvals"] == 1 and audit[0]["quorum"] == 2 and audit[0]["interrupt_id"] == interrupt_id
+    assert [a["by"] for a in audit[1]["approvals"]] == ["bob", "carol"], audit[1]
+
+
+def test_one_rejection_resolves_a_two_person_approval_as_rejected(shared: Callable[..., Server], shared_sandbox: Path) -> None:
+    """After bob's approval, carol's rejection resolves the interrupt: the call never runs,
+    and the audit's record of the rejection still lists bob's approval."""
+    keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox)))
+    amount = str(uuid.uuid4().int % 10**9)
+    session_id = start(keys["alice"], f"release_funds {amount}")
+    [item] = pending(keys["alice"], session_id)
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    rejected = resume(keys["carol"], session_id, item["interrupt_id"], {"approved": False, "reason": "not today"})
+    assert rejected.status_code == 200 and rejected.json()["status"] == "running", rejected.text
+    reply = keys["alice"].wait_for_status(session_id, "idle")["response"]["content"]
+    assert "not today" in reply and "released" not in reply, reply
+    assert amount not in ran(shared_sandbox, "release_funds")
+    audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
+    assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "carol")], audit
+    assert [a["by"] for a in audit[1]["approvals"]] == ["bob"] and audit[1]["value"]["approved"] is False
+
+
+@pytest.mark.parametrize("where", ["sqlite", "two-instances-on-postgresql"])
+def test_a_two_person_approval_keeps_its_first_approval_through_kill_9(request: pytest.FixtureRequest, where: str, tmp_path: Path) -> None:
+    """bob approves, then the server running the turn is killed (-9): on SQLite it is started
+    again; on PostgreSQL the other instance answers, taking the turn over. Either way the
+    session still shows bob's approval and needs one more, bob cannot approve again, and
+    carol's approval runs the call once."""
+    from tests.integration.serve.durability.test_durability import kill_server
+
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    with server_factory(tmp_path) as start_one:
+        if where == "sqlite":
+            store = f"sqlite:///{tmp_path / 'quorum.db'}"
+            runner = answerer = start_one(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox))
+        else:
+            store = request.getfixturevalue("pg_cluster").create_database()
+            runner, answerer = (start_one(CALLS, *KEYS_WITH_ROLES, "--store", store, "--lease-seconds", "2", env=env(sandbox))
+                                for _ in range(2))
+        keys = as_keys(runner)
+        session_id = start(keys["alice"], "release_funds 205")
+        [item] = pending(keys["alice"], session_id)
+        assert resume(as_keys(answerer)["bob"], session_id, item["interrupt_id"], {"approved": True}).json()["approvals_needed"] == 1
+        kill_server(runner)
+        if where == "sqlite":
+            answerer = start_one(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox))
+        keys = as_keys(answerer)
+        [waiting] = pending(keys["alice"], session_id)
+        assert [a["by"] for a in waiting["approvals"]] == ["bob"] and waiting["approvals_needed"] == 1, waiting
+        assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 403
+        assert ran(sandbox, "release_funds") == []
+        assert resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+        assert keys["carol"].wait_for_status(session_id, "idle")["response"]["content"] == "released 205"
+        assert ran(sandbox, "release_funds") == ["205"]
+        audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
+        assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "carol")], audit
+
+
 POLICY_FILE = """
 # wire_money's code says finance; the operator says ops.
 [tool.wire_money]

@@ -28,6 +28,7 @@ __all__ = [
     "HealthResponse",
     "InboxContext",
     "InboxItem",
+    "WhoAmI",
     "InterruptInfo",
     "MessageAccepted",
     "ResumeAccepted",
@@ -235,6 +236,15 @@ class ResumeAccepted(BaseModel):
             data.pop("approvals_needed", None)
             data.pop("detail", None)
         return data
+
+
+class WhoAmI(BaseModel):
+    """The key a request came with (``GET /whoami``): what a client needs to offer only the
+    answers this key may give. Never the secret."""
+
+    name: str = Field(description="The key's name; 'anonymous' on a server without API keys.")
+    roles: list[str] = Field(default_factory=list, description="Its roles (NAME=SECRET:ROLE,ROLE), sorted.")
+    read_only: bool = Field(default=False, description="Whether it may only list and watch.")
 
 
 class HealthResponse(BaseModel):

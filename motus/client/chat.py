@@ -335,7 +335,13 @@ class Chat:
                 if value is not SKIP:
                     try:
                         with _ctrl_c_held_back():
-                            self.client.resume(self._sid, item.interrupt_id, value)
+                            accepted = self.client.resume(self._sid, item.interrupt_id, value)
+                        if accepted.approvals_needed:
+                            # One approval of a quorum: it waits for other keys, and the
+                            # turn shows as paused (Enter looks again once they have answered).
+                            self._spinner.stop()
+                            self.console.note(f"[info] your approval counted: {visible(accepted.detail or '')}")
+                            self._spinner.start()
                     except NotFound as exc:
                         # Answered elsewhere (the server says by whom and when), or the turn
                         # ended meanwhile: the person is told their answer did not count; the

@@ -44,6 +44,7 @@ from motus.client.library import (
     Webhook,
 )
 from motus.client.chat import EXIT_INTERRUPTED, Chat, Console, describe_error, visible, visible_json
+from motus.client.prompts import who_may_approve
 from motus.client.terminal import format_message
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -276,6 +277,14 @@ def format_inbox(items: list[Any]) -> str:
             expires = f"  expires {visible(item.expires_at)}" if item.expires_at else ""
             lines.append(f"  {number}[{visible(item.type)}] {_asks(item)}")
             lines.append(f"    interrupt {visible(item.interrupt_id)}  since {visible(item.created_at)}{expires}")
+            policy = who_may_approve(item.payload) if item.type == "tool_approval" else None
+            if policy:
+                lines.append(f"    {policy}")
+            approvals = getattr(item, "approvals", None)
+            if approvals is not None:  # a quorum: where it stands
+                names = ", ".join(visible(a.by) for a in approvals)
+                needed = getattr(item, "approvals_needed", 0) or 0
+                lines.append(f"    {len(approvals)} of {len(approvals) + needed} approvals{': ' + names if names else ''}")
         blocks.append("\n".join(lines))
     return "\n\n".join([*blocks, ANSWER_HINT])
 

@@ -346,7 +346,8 @@ class Client:
         Each pending interrupt is handed to ``on_interrupt`` exactly once, and its return
         value is posted as the resume ``value``. Long polls that time out are simply
         repeated. Returns the session in ``idle`` or ``error``; or in ``interrupted`` when
-        every interrupt still pending was skipped (the callback returned :data:`SKIP`).
+        every interrupt still pending was skipped (the callback returned :data:`SKIP`) or
+        waits for other keys' approvals (a quorum, ``payload["quorum"]``).
 
         A resume refused with 404 (someone else answered first, or the turn timed out or
         failed while the person was answering) is not an error here: it is logged as a
@@ -371,7 +372,11 @@ class Client:
                 if value is SKIP:
                     continue
                 try:
-                    self.resume(session_id, item.interrupt_id, value)
+                    accepted = self.resume(session_id, item.interrupt_id, value)
+                    if accepted.approvals_needed:
+                        # One approval of a quorum: the interrupt waits for other keys, and
+                        # this returns with it pending, as for one skipped.
+                        log.info("the approval of interrupt %s counted: %s", item.interrupt_id, accepted.detail)
                 except NotFound as exc:
                     # Either the session is gone (the next poll raises NotFound) or the
                     # interrupt stopped being pending: answered by someone else (the detail

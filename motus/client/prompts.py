@@ -68,9 +68,14 @@ def who_may_approve(payload: dict[str, Any]) -> str | None:
     """The tool's approver policy in words (``motus.api.approvers``), or None without one."""
     approvers = payload.get("approvers")
     roles = [str(role) for role in approvers] if isinstance(approvers, list) else []
+    quorum = payload.get("quorum")
+    quorum = quorum if isinstance(quorum, int) and not isinstance(quorum, bool) and quorum > 1 else 1
     parts = []
     if roles:
-        parts.append("a key with the role " + " or ".join(visible(role) for role in roles))
+        who = "a key" if quorum == 1 else f"{quorum} different keys"
+        parts.append(f"{who} with the role " + " or ".join(visible(role) for role in roles))
+    elif quorum > 1:
+        parts.append(f"{quorum} different keys")
     if payload.get("self_approval") is False:
         parts.append("not the key that sent the message")
     return "Who may approve: " + ", ".join(parts) if parts else None
@@ -80,7 +85,9 @@ def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str,
     tool_name = payload.get("tool_name") or "(unnamed tool)"
     proposed = payload.get("tool_args")
     args = proposed
-    editable = payload.get("editable") is not False  # false: the agent cannot apply edited arguments
+    # false: the agent cannot apply edited arguments; a quorum: every approver approves the same call
+    quorum = payload.get("quorum")
+    editable = payload.get("editable") is not False and not (isinstance(quorum, int) and not isinstance(quorum, bool) and quorum > 1)
     console.say(f"\nThe agent wants to run: {visible(tool_name)}")
     policy = who_may_approve(payload)
     if policy is not None:

@@ -51,6 +51,7 @@ from motus.api.schemas import (
     SendMessageRequest,
     SessionResponse,
     SessionSummary,
+    WhoAmI,
 )
 from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, TooManyWaiters, Unauthorized, Unprocessable
 from motus.serve.live import describe_turn, message_text
@@ -373,6 +374,14 @@ def _seconds(name: str, default: float, cap: float) -> float:
 @api.get("/health")
 def health() -> Response:
     return _json(HealthResponse(**_server().health()))
+
+
+@api.get("/whoami")
+def whoami() -> Response:
+    """Who this request's key is: its name, roles and whether it is read-only (a client
+    offers only the answers it may give; the server checks every answer anyway)."""
+    caller = g.caller
+    return _json(WhoAmI(name=caller.name, roles=sorted(caller.roles), read_only=not caller.can_write))
 
 
 @api.get("/metrics")

@@ -213,8 +213,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "approval_policy", "--approval-policy", click.STRING, None,
         "Who may answer which interrupts: a TOML file of [tool.NAME] and [type.NAME] tables, each with approvers "
-        "(roles of API keys) and/or self_approval = false; it wins over what tools declare in code.",
-        metavar="PATH",
+        "(roles of API keys), self_approval = false and/or quorum = N (N different keys approve); it wins over "
+        "what tools declare in code.",
+        cli_env=True, metavar="PATH",
     ),
     Setting(
         "api_key_file", "--api-key-file", click.STRING, None,

@@ -30,6 +30,7 @@ from motus.api.schemas import (
     SendMessageRequest,
     SessionResponse,
     SessionSummary,
+    WhoAmI,
 )
 
 _MODELS: list[type[BaseModel]] = [
@@ -47,6 +48,7 @@ _MODELS: list[type[BaseModel]] = [
     SendMessageRequest,
     SessionResponse,
     SessionSummary,
+    WhoAmI,
 ]
 
 _REASONS = {
@@ -162,7 +164,10 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
             "get": _operation("The session's stored messages, oldest first", (200, "Messages", {"type": "array", "items": _ref("ChatMessage")}), [404], params=[_SESSION_ID], auth=auth),
         },
         "/sessions/{session_id}/resume": {
-            "post": _operation("Answer one pending interrupt", (200, "Delivered", _ref("ResumeAccepted")), [400, 404, 413, 422], body=("ResumeRequest", True), params=[_SESSION_ID], auth=auth),
+            "post": _operation("Answer one pending interrupt", (200, "Delivered", _ref("ResumeAccepted")), [400, 403, 404, 413, 422], body=("ResumeRequest", True), params=[_SESSION_ID], auth=auth),
+        },
+        "/whoami": {
+            "get": _operation("The key this request came with: name, roles, read-only", (200, "The key", _ref("WhoAmI")), [], auth=auth),
         },
         "/interrupts": {
             "get": _operation("The inbox: pending interrupts of every session, oldest first", (200, "Pending interrupts", {"type": "array", "items": _ref("InboxItem")}), [400, 503], params=inbox_params, auth=auth),

@@ -94,21 +94,33 @@ def test_an_approval_whose_arguments_cannot_be_edited_has_no_edit_button(open_ch
 
 
 def test_an_approval_with_approvers_says_who_may_approve_and_shows_a_refusal(open_chat, shared_ui_server):
-    """A tool that names its approvers: the card says who may approve, and an answer the
-    server refuses (this server has no keys, so nobody has the role) is shown on the card,
-    which stays, waiting."""
+    """A tool that names its approvers: the card says who may approve. This server has no
+    keys, so nobody has the role: the card says so and offers no buttons. Where the page
+    cannot learn who it is (``GET /whoami`` missing, as on an older server), it offers them,
+    and the server's refusal is shown on the card, which stays, waiting."""
     chat = open_chat(shared_ui_server).open()
     chat.send("policy")
     card = chat.card("Approve this tool call?")
     expect(card.locator(".card-policy")).to_have_text(
         "Who may approve: a key with the role finance, not the key that sent the message"
     )
+    expect(card.locator(".card-cannot")).to_have_text(
+        "This server has no API keys, so it cannot tell who answers: nobody may answer this here."
+    )
+    expect(card.get_by_role("button", name="Approve")).to_be_hidden()
     expect(card.get_by_label(re.compile("Remember for this session"))).to_have_count(0)  # never remembered
+
+    session_id = chat.session_id
+    older = open_chat(shared_ui_server)
+    older.page.route("**/whoami", lambda route: route.fulfill(status=404, content_type="application/json",
+                                                               body='{"detail": "Not found: no route for GET /whoami"}'))
+    older.open(session_id)
+    card = older.card("Approve this tool call?")
     card.get_by_role("button", name="Approve").click()
     expect(card).to_contain_text("needs a key with the role 'finance'")
     expect(card.get_by_role("button", name="Approve")).to_be_enabled()
-    assert shared_ui_server.get(f"/sessions/{chat.session_id}").json()["status"] == "interrupted"
-    chat.shot("approval-with-approvers")
+    assert shared_ui_server.get(f"/sessions/{session_id}").json()["status"] == "interrupted"
+    older.shot("approval-with-approvers")
 
 
 def test_two_pending_interrupts_one_answered_elsewhere(open_chat, example_server):

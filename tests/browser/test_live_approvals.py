@@ -293,3 +293,51 @@ def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_s
     expect(chat.page.locator(".msg.assistant").last).to_contain_text("invoice_2024.pdf")  # the listing: the turn ended
     expect(mine).to_have_count(1)
     expect(mine.locator(".who")).to_contain_text("bob")
+
+
+def test_a_two_person_approval_shows_its_quorum_and_offers_each_key_only_what_it_may_do(open_chat, start_server, tmp_path):
+    """``release_funds`` needs two keys with the role finance. bob's card says so and has no
+    "Edit arguments" (every approver approves the same call); once bob approves, the card
+    stays with "1 of 2 approvals: bob" and no Approve button for him. dave (role ops) sees
+    the card without buttons and why. carol's approval, sent elsewhere, ends it in both tabs."""
+    server = start_server(
+        CALLS_AGENT, "--api-key", "alice=s3cret-alice", "--api-key", "bob=s3cret-bob:finance",
+        "--api-key", "carol=s3cret-carol:finance", "--api-key", "dave=s3cret-dave:ops",
+        env={"MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
+    )
+    alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
+    sid = alice.post("/sessions", json={}).json()["session_id"]
+    alice.post(f"/sessions/{sid}/messages", json={"content": "release_funds 7"}).raise_for_status()
+    [item] = alice.wait_for_status(sid, "interrupted")["interrupts"]
+
+    bob = open_chat(server)
+    bob.page.goto(server.url + f"/ui/#/sessions/{sid}")
+    bob.use_key("s3cret-bob")
+    card = bob.card("Approve this tool call?")
+    expect(card.locator(".card-policy")).to_have_text("Who may approve: 2 different keys with the role finance")
+    expect(card.locator(".card-progress")).to_have_text("0 of 2 approvals")
+    expect(card.get_by_role("button", name="Edit arguments")).to_have_count(0)
+    card.get_by_role("button", name="Approve", exact=True).click()
+    expect(card.locator(".card-progress")).to_have_text("1 of 2 approvals: bob")
+    expect(card.locator(".card-cannot")).to_have_text("You approved this; it needs 1 more from another key. You may still reject it.")
+    expect(card.get_by_role("button", name="Approve", exact=True)).to_be_hidden()
+    expect(card.get_by_role("button", name="Reject")).to_be_visible()
+    bob.shot("quorum-one-of-two")
+    assert [post["value"] for post in bob.resume_posts()] == [{"approved": True}]
+
+    dave = open_chat(server)
+    dave.page.goto(server.url + f"/ui/#/sessions/{sid}")
+    dave.use_key("s3cret-dave")
+    other = dave.card("Approve this tool call?")
+    expect(other.locator(".card-progress")).to_have_text("1 of 2 approvals: bob")
+    expect(other.locator(".card-cannot")).to_have_text("Your key (dave) cannot answer this: it needs the role finance.")
+    expect(other.get_by_role("button", name="Approve", exact=True)).to_be_hidden()
+    expect(other.get_by_role("button", name="Reject")).to_be_hidden()
+    dave.shot("quorum-no-role")
+
+    carol = server.with_headers({"Authorization": "Bearer s3cret-carol"})
+    answer = carol.post(f"/sessions/{sid}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
+    assert answer.status_code == 200, answer.text
+    for chat in (bob, dave):
+        expect(chat.reply("released 7")).to_be_visible()
+        expect(chat.cards()).to_have_count(0)

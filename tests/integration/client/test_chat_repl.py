@@ -643,6 +643,36 @@ def test_an_answer_the_policy_refuses_is_said_and_the_request_waits_for_someone_
     assert alice.wait_exit() == 0
 
 
+def test_a_two_person_approval_says_where_it_stands_and_waits_for_the_second(start_server, terminal, tmp_path) -> None:
+    """``release_funds`` needs two keys with the role finance: bob's approval in the terminal
+    counts and he is told "1 of 2 approvals: bob" and that the turn is paused; carol approves
+    over HTTP, and Enter in bob's chat shows the reply."""
+    keyed = start_server("tests.agents.approval:calls", "--api-key", "bob=SECRET2:finance", "--api-key", "carol=SECRET3:finance",
+                         env={"MOTUS_EXAMPLE_DIR": str(tmp_path)})
+    carol = keyed.with_headers({"Authorization": "Bearer SECRET3"})
+    bob = terminal(keyed.url, env={"MOTUS_API_KEY": "SECRET2"})
+    bob.expect_literal("> ")
+    bob.send("release_funds 9")
+    bob.expect_literal("Who may approve: 2 different keys with the role finance")
+    bob.expect_literal("(y = approve, n or Enter = reject; this tool's arguments cannot be edited)")
+    bob.expect_literal("Approve? [y/N] ")
+    bob.send("y")
+    bob.expect_literal("[info] your approval counted: 1 of 2 approvals: bob; the call waits for 1 more from another key")
+    bob.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
+    bob.expect_literal("> ")
+    [session] = carol.get("/sessions").json()
+    [item] = carol.get(f"/sessions/{session['session_id']}").json()["interrupts"]
+    assert [a["by"] for a in item["approvals"]] == ["bob"], item
+    answered = carol.post(f"/sessions/{session['session_id']}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
+    assert answered.status_code == 200, answered.text
+    carol.wait_for_status(session["session_id"], "idle")
+    bob.send("")
+    bob.expect_literal("released 9")
+    bob.expect_literal("> ")
+    bob.send("/quit")
+    assert bob.wait_exit() == 0
+
+
 def test_one_shot_without_a_terminal(server) -> None:
     """The installed command with pipes instead of a terminal: plain output, no spinner."""
     before = session_ids(server)

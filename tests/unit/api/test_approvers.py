@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from motus.api.approvers import policy_fields, refusal, unrememberable
+from motus.api.approvers import effective, is_approval, policy_fields, progress, quorum_of, quorum_refusal, refusal, unrememberable
 from motus.tools import tool
 
 
@@ -82,3 +82,37 @@ def test_an_approval_with_a_policy_is_never_remembered() -> None:
     for policy in ({"approvers": ["finance"]}, {"self_approval": False}):
         why = unrememberable(approval(**policy), {"approved": True, "remember": "session"})
         assert why is not None and "cannot be remembered" in why
+
+
+def test_a_quorum_is_written_only_above_one_and_refused_when_it_could_never_be_met() -> None:
+    assert policy_fields(["finance"], quorum=2) == {"approvers": ["finance"], "quorum": 2}
+    assert policy_fields(None, quorum=1) == {}
+    for bad in (0, -1, 11, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="quorum must be a whole number of approvals from 1 to 10"):
+            policy_fields(["finance"], quorum=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="need requires_approval"):
+        tool(quorum=2)(lambda: None)
+
+
+def test_a_quorum_counts_approvals_from_different_keys_of_the_same_call() -> None:
+    payload = approval(approvers=["finance"], quorum=2)
+    policy = effective(payload)
+    assert quorum_of(policy) == 2 and quorum_of(None) == 1 and quorum_of({"quorum": "2"}) == 0
+    yes = {"approved": True}
+    assert quorum_refusal(payload, yes, "bob", [], 2) is None
+    assert quorum_refusal(payload, yes, "bob", ["bob"], 2) == (
+        403, "the approval of wire_money needs approvals from 2 different keys, and API key 'bob' has approved it "
+        "already; 1 of 2 approvals: bob")
+    assert quorum_refusal(payload, {"approved": False}, "bob", ["bob"], 2) is None  # a rejection always counts
+    status, why = quorum_refusal(payload, {"approved": True, "tool_args": {"amount": 1}}, "carol", ["bob"], 2) or (0, "")
+    assert status == 422 and "cannot edit its arguments" in why
+    assert quorum_refusal(payload, yes, "bob", ["bob"], 1) is None  # no quorum: nothing counted
+    assert not is_approval(payload, {"approved": "true"}) and not is_approval({"type": "confirm"}, yes)
+    assert progress(2, ["bob"]) == "1 of 2 approvals: bob" and progress(3, []) == "0 of 3 approvals"
+
+
+def test_a_quorum_cannot_be_met_by_callers_who_cannot_be_told_apart() -> None:
+    payload = approval(quorum=2)
+    assert "needs approvals from 2 different keys, and this server has no API keys" in (refusal(payload, "anonymous", set(), None) or "")
+    assert refusal(payload, "bob", set(), "alice") is None  # any key that may write, two of them
+    assert refusal(approval(quorum=0), "bob", {"finance"}, "alice") == "the approval of wire_money has a malformed quorum, so nobody may answer it"

@@ -252,3 +252,7 @@ def test_an_approval_with_approvers_says_who_may_approve_before_asking() -> None
     console, out, _ = scripted("y")
     answer_interrupt(info(APPROVAL), console)
     assert "Who may approve" not in out.getvalue()  # no policy, no line
+    console, out, _ = scripted("y")
+    answer_interrupt(info({**APPROVAL, "approvers": ["finance"], "quorum": 2}), console)
+    assert "Who may approve: 2 different keys with the role finance" in out.getvalue()
+    assert "e = edit" not in out.getvalue()  # every approver approves the same call

@@ -84,3 +84,11 @@ def test_format_message_tool_calls_and_tool_results() -> None:
     assert format_message(call) == 'assistant: -> delete_file({"path": "/x"})'
     assert format_message(ChatMessage.tool_message("Deleted", tool_call_id="c1", name="delete_file")) == "tool (delete_file): Deleted"
     assert format_message(ChatMessage.user_message("hi", user_params={"n": 1})) == 'user: hi\n  user_params: {"n": 1}'
+
+
+def test_format_inbox_says_who_may_approve_and_where_a_quorum_stands() -> None:
+    item = InboxItem(session_id="s1", interrupt_id="a", type="tool_approval", created_at="T0",
+                     payload={"tool_name": "release_funds", "tool_args": {"amount": 5}, "approvers": ["finance"], "quorum": 2},
+                     approvals=[{"by": "bob", "at": "T1"}], approvals_needed=1)
+    block = format_inbox([item]).split("\n\n")[0]
+    assert block.splitlines()[-2:] == ["    Who may approve: 2 different keys with the role finance", "    1 of 2 approvals: bob"]

@@ -42,13 +42,30 @@
 
 import { $ } from "./dom.js";
 import { clearNotice } from "./notice.js";
-import { view } from "./state.js";
+import { view, server } from "./state.js";
+import { api, readJson } from "./api.js";
 import { navigate, route, wakeLoop } from "./loop.js";
 import { renderStatus } from "./conversation.js";
 import { refreshSessionList, createSession, deleteSession, sendMessage, wireDeleteDialog } from "./sessions.js";
 import { toggleAudit } from "./audit.js";
 
 // ---------------------------------------------------------------- wiring
+
+/** Who this tab's key is (GET /whoami), so cards offer only the answers it may give; an
+ *  older server without it leaves every control offered (the server checks answers). */
+async function loadMe() {
+  try {
+    const response = await api("GET", "whoami");
+    if (!response.ok) return;
+    const me = await readJson(response);
+    if (me && typeof me.name === "string") {
+      server.me = me;
+      wakeLoop();
+    }
+  } catch {
+    // Not reachable now: the cards offer every control, as before; the server still decides.
+  }
+}
 
 function init() {
   // The skip link must not touch the URL's hash: the hash names the open session.
@@ -90,6 +107,7 @@ function init() {
   });
   refreshSessionList();
   route();
+  loadMe();
   if (!view.sid) renderStatus();
 }
 

@@ -26,7 +26,10 @@ function describe(record) {
   if (record.kind === "revoke") return ["Forgot the approval of ", el("code", {}, visibleText(record.tool_name ?? "a tool"))];
   if (typeof payload.tool_name === "string") {
     const approved = Boolean(value && typeof value === "object" && value.approved === true);
-    return [approved ? "Approved " : "Rejected ", el("code", {}, visibleText(payload.tool_name)), record.reason === "timeout" ? " (timed out)" : ""];
+    // An approval towards a quorum ("approval") says where it stood; a resolution lists them all.
+    const count = record.kind === "approval" && Number.isInteger(record.approvals) && Number.isInteger(record.quorum) ? ` (${record.approvals} of ${record.quorum} approvals)` : "";
+    const all = record.kind === "resolved" && Array.isArray(record.approvals) && record.approvals.length ? ` (approvals: ${record.approvals.map((a) => String(a && a.by)).join(", ")})` : "";
+    return [approved ? "Approved " : "Rejected ", el("code", {}, visibleText(payload.tool_name)), record.reason === "timeout" ? " (timed out)" : "", count, all];
   }
   return ["Answered ", el("code", {}, visibleText(record.type || payload.type || "interrupt")), record.reason === "timeout" ? " (timed out)" : ""];
 }
@@ -47,7 +50,7 @@ export function renderAudit() {
         "li",
         { class: `audit-entry ${record.kind}` },
         el("p", {}, timeElement(record.at), " ", el("strong", { class: "record-by" }, visibleText(record.by ?? "")), ": ", describe(record)),
-        record.kind === "resolved" ? el("details", {}, el("summary", {}, "Request and answer"), el("pre", { class: "mono" }, markedJson(visibleJson({ payload: record.payload, value: record.value })))) : null,
+        record.kind === "resolved" || record.kind === "approval" ? el("details", {}, el("summary", {}, "Request and answer"), el("pre", { class: "mono" }, markedJson(visibleJson({ payload: record.payload, value: record.value })))) : null,
       )),
   );
 }

@@ -4,7 +4,7 @@ import { $, uid, el, announce } from "./dom.js";
 import { visibleText, visibleJson, markedJson } from "./text.js";
 import { api, readJson, detailOf, sessionPath } from "./api.js";
 import { showNotice } from "./notice.js";
-import { view } from "./state.js";
+import { view, server } from "./state.js";
 import { wakeLoop } from "./loop.js";
 import { renderStatus } from "./conversation.js";
 import { countdown, startCountdowns } from "./time.js";
@@ -25,6 +25,7 @@ export function renderInterrupts(session) {
       section.append(card);
       added.push(card);
     }
+    updateCard(view.cards.get(id), interrupt, session.turn && session.turn.sent_by);
   }
   for (const id of [...view.cards.keys()]) if (!live.has(id)) removeCard(id);
   section.hidden = view.cards.size === 0;
@@ -130,6 +131,21 @@ async function resume(card, interrupt, value) {
     card.cardError.textContent = `Could not reach the server (${error.message || error}). Try again.`;
     return;
   }
+  if (response.ok && response.headers.get("Content-Type")?.includes("json")) {
+    const body = await readJson(response.clone());
+    if (body && Number.isInteger(body.approvals_needed)) {
+      // One approval of several: the interrupt waits for other keys, so the card stays.
+      setBusy(card, false);
+      const given = Array.isArray(interrupt.approvals) ? interrupt.approvals : [];
+      const me = server.me && typeof server.me.name === "string" ? server.me.name : null;
+      if (me !== null) interrupt.approvals = [...given, { by: me }];
+      updateCard(card, interrupt, card.sentBy);
+      announce(typeof body.detail === "string" ? body.detail : "Your approval was recorded; it needs more.");
+      card.cardError.textContent = "";
+      if (!card.onAnswered) wakeLoop(); // the Inbox is woken by the approval's event
+      return;
+    }
+  }
   if (card.onAnswered) {
     if (response.ok || response.status === 404 || response.status === 409) {
       if (!response.ok) showNotice(`That answer was not accepted: the server said "${await detailOf(response)}" (${response.status}). It may have been answered elsewhere, or the session ended.`);
@@ -195,13 +211,65 @@ function parseField(field, errorNode, { requireObject = false } = {}) {
   return value;
 }
 
-/** The tool's approver policy in words ("approvers", "self_approval" in its payload), or null. */
+/** The tool's approver policy in words ("approvers", "self_approval", "quorum" in its payload), or null. */
 function whoMayApprove(payload) {
   const roles = Array.isArray(payload.approvers) ? payload.approvers.map((role) => String(role)) : [];
+  const quorum = quorumOf(payload);
   const parts = [];
-  if (roles.length) parts.push(`a key with the role ${roles.join(" or ")}`);
+  if (roles.length) parts.push(quorum > 1 ? `${quorum} different keys with the role ${roles.join(" or ")}` : `a key with the role ${roles.join(" or ")}`);
+  else if (quorum > 1) parts.push(`${quorum} different keys`);
   if (payload.self_approval === false) parts.push("not the key that sent the message");
   return parts.length ? `Who may approve: ${parts.join(", ")}` : null;
+}
+
+const quorumOf = (payload) => (Number.isInteger(payload.quorum) && payload.quorum > 1 ? payload.quorum : 1);
+
+/** Why this tab's key cannot answer the interrupt at all (a sentence), or null: it may,
+ *  or who it is is not known (an older server without GET /whoami). The server checks
+ *  every answer anyway; this only keeps buttons it would refuse off the card. */
+function cannotAnswer(payload, sentBy) {
+  const me = server.me;
+  if (!me || typeof me.name !== "string") return null;
+  if (me.read_only) return `Your key (${me.name}) is read-only: it may watch, not answer.`;
+  const roles = Array.isArray(payload.approvers) ? payload.approvers.map((role) => String(role)) : [];
+  const mine = Array.isArray(me.roles) ? me.roles : [];
+  const restricted = roles.length || payload.self_approval === false || quorumOf(payload) > 1;
+  if (restricted && me.name === "anonymous") {
+    return "This server has no API keys, so it cannot tell who answers: nobody may answer this here.";
+  }
+  if (roles.length && !roles.some((role) => mine.includes(role))) {
+    return `Your key (${me.name}) cannot answer this: it needs the role ${roles.join(" or ")}.`;
+  }
+  if (payload.self_approval === false && typeof sentBy === "string" && sentBy === me.name) {
+    return "You sent the message that asked for this, so someone else must answer it.";
+  }
+  return null;
+}
+
+/** Keep a card up to date with what the server says now: where its quorum stands
+ *  ("1 of 2 approvals: bob") and which of its controls this key may use. ``sentBy``: the
+ *  name of the key that sent the turn's message, where known. */
+export function updateCard(card, interrupt, sentBy) {
+  if (!card) return;
+  card.sentBy = sentBy;
+  const payload = interrupt.payload && typeof interrupt.payload === "object" ? interrupt.payload : {};
+  const quorum = quorumOf(payload);
+  const given = Array.isArray(interrupt.approvals) ? interrupt.approvals.map((a) => String(a && a.by)) : [];
+  const progress = card.querySelector(".card-progress");
+  if (progress) {
+    const text = quorum > 1 ? `${given.length} of ${quorum} approvals${given.length ? `: ${given.join(", ")}` : ""}` : "";
+    if (progress.textContent !== text) progress.textContent = text;
+    progress.hidden = !text;
+  }
+  const why = cannotAnswer(payload, sentBy);
+  const me = server.me && typeof server.me.name === "string" ? server.me.name : null;
+  const approvedByMe = quorum > 1 && me !== null && given.includes(me);
+  const cannot = card.querySelector(".card-cannot");
+  const note = why || (approvedByMe ? `You approved this; it needs ${quorum - given.length} more from another key. You may still reject it.` : "");
+  if (cannot && cannot.textContent !== note) cannot.textContent = note;
+  if (cannot) cannot.hidden = !note;
+  for (const part of card.querySelectorAll(".answer-part")) part.hidden = Boolean(why);
+  for (const part of card.querySelectorAll(".approve-part")) part.hidden = Boolean(why) || approvedByMe;
 }
 
 function approvalCard(interrupt, payload) {
@@ -271,12 +339,16 @@ function approvalCard(interrupt, payload) {
   });
 
   const policy = whoMayApprove(payload);
+  approve.classList.add("approve-part");
+  edit.classList.add("approve-part");
   card.append(
     el("p", { class: "card-label", id: uid("args-label") }, "Arguments"),
     argsView,
     editBox,
     ...(policy ? [el("p", { class: "card-policy" }, ...visibleText(policy))] : []),
-    el("div", { class: "field" }, el("label", { for: reasonId }, "Reason if you reject (optional)"), reason),
+    el("p", { class: "card-progress", hidden: true }),
+    el("p", { class: "card-cannot", hidden: true }),
+    el("div", { class: "field answer-part" }, el("label", { for: reasonId }, "Reason if you reject (optional)"), reason),
     // A tool that names who may approve each call is never remembered (the server refuses it).
     ...(policy ? [] : [el(
       "div",
@@ -284,8 +356,9 @@ function approvalCard(interrupt, payload) {
       remember,
       el("label", { for: rememberId }, "Remember for this session: approve later calls of ", el("code", {}, visibleText(payload.tool_name)), " without asking"),
     )]),
-    // "editable": false: the agent cannot run the call with other arguments, so no edit is offered.
-    el("div", { class: "actions" }, approve, reject, ...(payload.editable === false ? [] : [edit])),
+    // "editable": false: the agent cannot run the call with other arguments, so no edit is
+    // offered; nor with a quorum, where every approver approves the same call.
+    el("div", { class: "actions answer-part" }, approve, reject, ...(payload.editable === false || quorumOf(payload) > 1 ? [] : [edit])),
     card.cardError,
   );
   return card;

@@ -6,7 +6,7 @@
 
 import { $, el, sleep, announce } from "./dom.js";
 import { api, readJson, detailOf, retryAfterMs } from "./api.js";
-import { buildCard, numberCards } from "./cards.js";
+import { buildCard, numberCards, updateCard } from "./cards.js";
 import { readStream } from "./sse.js";
 import { server } from "./state.js";
 import { timeElement } from "./time.js";
@@ -220,8 +220,13 @@ function render(list) {
     if (!item || typeof item.interrupt_id !== "string" || typeof item.session_id !== "string") continue;
     live.add(item.interrupt_id);
     const group = sessionGroup(item.session_id, item.context);
-    if (inbox.items.has(item.interrupt_id)) continue;
+    const sentBy = item.context && typeof item.context.sent_by === "string" ? item.context.sent_by : null;
+    if (inbox.items.has(item.interrupt_id)) {
+      updateCard(inbox.items.get(item.interrupt_id).querySelector(".card"), item, sentBy);
+      continue;
+    }
     const card = buildCard(item, item.session_id, answered);
+    updateCard(card, item, sentBy);
     const li = el(
       "li",
       { class: "inbox-item", "data-session-id": item.session_id },

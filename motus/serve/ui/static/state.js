@@ -33,7 +33,8 @@ export const view = {
   turnEndedAt: null,
 };
 
-export const server = { events: null, audit: null };
+// me: this tab's key as GET /whoami says ({name, roles, read_only}), or null when not known.
+export const server = { events: null, audit: null, me: null };
 
 const TIMES_STORAGE = "motus.times.";
 export function loadTimes(sid) {

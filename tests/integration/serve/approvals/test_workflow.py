@@ -756,6 +756,27 @@ def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_afte
     assert keys["dave"].wait_for_status(session_id, "idle")["response"]["content"] == "wired 1 | deleted b"
 
 
+def test_a_quorum_from_the_policy_file_given_in_the_environment_covers_a_tool_that_declares_none(
+    shared: Callable[..., Server], shared_sandbox: Path
+) -> None:
+    """``MOTUS_APPROVAL_POLICY`` (read by ``motus serve start`` as by the WSGI entry point)
+    gives ``delete_file``, which declares nothing, a quorum of two finance keys: the first
+    approval is recorded, the second runs it."""
+    pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
+    path = shared_sandbox / "quorum-policy.toml"
+    path.write_text('[tool.delete_file]\napprovers = ["finance"]\nquorum = 2\n')
+    keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox, MOTUS_APPROVAL_POLICY=str(path))))
+    name = f"q{uuid.uuid4().int % 10**9}"
+    session_id = start(keys["alice"], f"delete_file {name}")
+    [item] = pending(keys["alice"], session_id)
+    assert item["payload"]["quorum"] == 2 and item["payload"]["approvers"] == ["finance"] and item["approvals_needed"] == 2, item
+    first = resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True})
+    assert first.status_code == 200 and first.json()["approvals_needed"] == 1, first.text
+    assert name not in ran(shared_sandbox, "delete_file")
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert keys["bob"].wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {name}"
+
+
 def test_a_policy_file_nobody_could_satisfy_stops_the_start_with_one_line(tmp_path: Path) -> None:
     from tests.integration.serve.durability.test_durability import refused_start
 

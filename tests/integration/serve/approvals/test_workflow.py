@@ -777,6 +777,29 @@ def test_a_quorum_from_the_policy_file_given_in_the_environment_covers_a_tool_th
     assert keys["bob"].wait_for_status(session_id, "idle")["response"]["content"] == f"deleted {name}"
 
 
+def test_an_expiry_still_resolves_a_two_person_approval_that_has_one_approval(
+    shared: Callable[..., Server], shared_sandbox: Path
+) -> None:
+    """A policy file gives ``send_money`` (which expires after 3 s) a quorum of two: bob's
+    approval is recorded, nobody gives the second, and the expiry resolves it with its
+    default, a rejection; the call never runs and the audit's timeout record lists bob."""
+    pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
+    path = shared_sandbox / "expiring-quorum.toml"
+    path.write_text('[tool.send_money]\nquorum = 2\n')
+    keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, "--approval-policy", str(path),
+                          env=env(shared_sandbox, MOTUS_TEST_APPROVAL_TIMEOUT="3")))
+    amount = str(uuid.uuid4().int % 10**9)
+    session_id = start(keys["alice"], f"send_money {amount}")
+    [item] = pending(keys["alice"], session_id)
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).json()["approvals_needed"] == 1
+    reply = keys["alice"].wait_for_status(session_id, "idle")["response"]["content"]
+    assert "Approval timed out after 3 s" in reply, reply
+    assert amount not in ran(shared_sandbox, "send_money")
+    audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
+    assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "timeout")], audit
+    assert [a["by"] for a in audit[1]["approvals"]] == ["bob"], audit
+
+
 def test_a_policy_file_nobody_could_satisfy_stops_the_start_with_one_line(tmp_path: Path) -> None:
     from tests.integration.serve.durability.test_durability import refused_start
 

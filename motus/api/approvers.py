@@ -99,18 +99,45 @@ def quorum_refusal(payload: Any, value: Any, caller: str, approved_by: Iterable[
     """Why this answer may not count towards a quorum of ``quorum`` approvals that
     ``approved_by`` gave so far, as (HTTP status, message), or None. The same key cannot
     approve twice (a two-person rule needs two people); an approval cannot edit the call's
-    arguments (each approver must approve the same call). A rejection always counts."""
-    if quorum <= 1 or not is_approval(payload, value):
+    arguments (each approver must approve the same call); an answer whose ``approved`` is not
+    a bool is refused (the gate would read it as a rejection). A rejection always counts. A
+    quorum met already (lowered since, or approvals given before a restart) is completed by
+    the next approval, whoever of those who may gives it."""
+    if quorum <= 1 or not (isinstance(payload, Mapping) and payload.get("type") == "tool_approval"):
         return None
     what = describe(payload)
+    if not isinstance(value, Mapping) or not isinstance(value.get("approved"), bool):
+        # The gate reads anything else as a rejection: under a quorum that would be one
+        # person's veto sent by mistake (a client's "true" string), so it is refused instead.
+        return 422, (f"{what} needs {quorum} approvals, so an answer must be an object whose \"approved\" is "
+                     "true or false")
+    if not is_approval(payload, value):
+        return None
     given = list(approved_by)
-    if caller in given:
+    if caller in given and len(given) < quorum:
         return 403, (f"{what} needs approvals from {quorum} different keys, and API key {caller!r} has approved it "
                      f"already; {progress(quorum, given)}")
     if isinstance(value, Mapping) and value.get("tool_args") is not None:
         return 422, (f"{what} needs {quorum} approvals of the same call, so an approval cannot edit its arguments: "
                      "approve it as it is, or reject it")
     return None
+
+
+def counted(approvals: Iterable[Mapping[str, Any]], policy: Mapping[str, Any] | None,
+            key_roles: Mapping[str, Iterable[str]] | None) -> list[Mapping[str, Any]]:
+    """The approvals given so far that still count: each from a key the server still has
+    (``key_roles``: each writing key's name and roles) with a role the policy names. A key
+    removed, or stripped of its role, since it approved no longer counts (its approval is
+    kept in the turn, and counts again if the key comes back)."""
+    if key_roles is None:
+        return []
+    approvers = set(policy.get("approvers") or ()) if policy is not None else set()
+    kept = []
+    for approval in approvals:
+        roles = key_roles.get(str(approval.get("by")))
+        if roles is not None and (not approvers or approvers & set(roles)):
+            kept.append(approval)
+    return kept
 
 
 def progress(quorum: int, approved_by: Iterable[str]) -> str:
@@ -125,14 +152,26 @@ def valid_roles(value: Any) -> bool:
 
 
 def effective(payload: Any, override: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
-    """The policy that governs an interrupt: the operator's (``override``, from the server's
-    policy file, for any interrupt type) when there is one, else the fields a tool wrote into
-    its ``tool_approval`` payload; None when nothing restricts who answers."""
+    """The policy that governs an interrupt: the fields a tool wrote into its
+    ``tool_approval`` payload, with the operator's (``override``, from the server's policy
+    file, for any interrupt type) in place of each field the file gives. Field by field, so
+    a file written to name approvers keeps the quorum the code asks for, and lowers it only
+    by saying so (``quorum = 1``). None when nothing restricts who answers."""
+    own: dict[str, Any] = {}
+    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval":
+        own = {key: payload[key] for key in POLICY_KEYS if key in payload}
     if override is not None:
-        return override
-    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval" and any(key in payload for key in POLICY_KEYS):
-        return {key: payload[key] for key in POLICY_KEYS if key in payload}
-    return None
+        return {**own, **override}
+    return own or None
+
+
+def shown_fields(policy: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A policy as a payload shows it: without the fields that say the default (anyone may
+    approve, the sender too, one approval)."""
+    if policy is None:
+        return {}
+    defaults = {"self_approval": True, "quorum": 1}
+    return {key: value for key, value in policy.items() if key not in defaults or value != defaults[key]}
 
 
 def describe(payload: Any) -> str:

@@ -34,7 +34,7 @@ from motus.durable.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_dept
 from motus.models import ChatMessage
 from motus.serve.origin import check_request
 
-from motus.api.approvers import effective, quorum_of
+from motus.api.approvers import counted, effective, quorum_of
 from motus.api.schemas import (
     Approval,
     AuditEntry,
@@ -309,15 +309,26 @@ def _shown_payload(payload: Any) -> Any:
     return policy.shown(payload) if policy is not None else payload
 
 
+def _policy(item: PendingInterrupt) -> Any:
+    """The policy that governs an interrupt: its tool's, with the operator's file's fields in place."""
+    policy_file = _server().approval_policy
+    return effective(item.payload, policy_file.for_payload(item.payload) if policy_file is not None else None)
+
+
+def _counted(item: PendingInterrupt) -> list[Any]:
+    """The approvals towards an interrupt's quorum that still count (keys still able to give them)."""
+    return counted(item.approvals, _policy(item), _server().turns.key_roles) if item.approvals else []
+
+
 def _quorum_fields(item: PendingInterrupt) -> dict[str, Any]:
     """An interrupt's ``approvals`` and ``approvals_needed`` when its policy (the operator's
-    file's, else its tool's) asks for a quorum; nothing otherwise."""
-    policy = _server().approval_policy
-    quorum = quorum_of(effective(item.payload, policy.for_payload(item.payload) if policy is not None else None))
+    file's fields in place of its tool's) asks for a quorum; nothing otherwise."""
+    quorum = quorum_of(_policy(item))
     if quorum <= 1:
         return {}
-    given = [Approval(by=str(a.get("by")), at=isoformat(a.get("at"))) for a in item.approvals]
-    return {"approvals": given, "approvals_needed": max(quorum - len(given), 0)}
+    given = [Approval(by=str(a.get("by")), at=isoformat(a.get("at"))) for a in _counted(item)]
+    # At least one: a quorum met already (lowered since it was asked) waits for the approval that completes it.
+    return {"approvals": given, "approvals_needed": max(quorum - len(given), 1)}
 
 
 def _session_response(view: SessionView) -> SessionResponse:
@@ -512,7 +523,7 @@ def get_session(session_id: str) -> Response:
     if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED) and live is not None:
         response.turn = describe_turn(
             live.turn_id, live.message, live.journal, isoformat, live.started_at, live.by, live.history_at,
-            approvals=live.approvals, shown=_shown_payload,
+            approvals={item.interrupt_id: _counted(item) for item in view.interrupts}, shown=_shown_payload,
         )
     return _json(response)
 

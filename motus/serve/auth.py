@@ -170,10 +170,15 @@ class ApiKeys:
         return frozenset(role for key in self._keys if key.scope == WRITE for role in key.roles)
 
     @property
-    def writers(self) -> list[frozenset[str]]:
-        """The roles of each key that may write, one set per key (a policy's quorum needs
-        that many different keys)."""
-        return [frozenset(key.roles) for key in self._keys if key.scope == WRITE]
+    def writers(self) -> dict[str, frozenset[str]]:
+        """Each name of a key that may write, with its roles. By name: two keys of one name
+        (an old and a new secret, during a rotation) are one person, so they count once
+        towards a quorum, and one approval of theirs is that person's."""
+        named: dict[str, frozenset[str]] = {}
+        for key in self._keys:
+            if key.scope == WRITE:
+                named[key.name] = named.get(key.name, frozenset()) | key.roles
+        return named
 
     def identify(self, authorization: str | None) -> Caller | None:
         """Who the header says the caller is: ``anonymous`` when auth is off, the matching

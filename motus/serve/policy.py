@@ -14,9 +14,11 @@ The file is TOML::
 
 A tool's table wins over its interrupt type's, and the file wins over what a tool declares
 in code (``@tool(approvers=...)``, ``motus.api.approvers``): the agent is code the operator
-deploys, the file is what the operator reviews. A table needs ``approvers``,
-``self_approval = false`` or a ``quorum`` above 1; a quorum counts approvals, so only a
-``[tool.NAME]`` table or ``[type.tool_approval]`` may have one.
+deploys, the file is what the operator reviews. Field by field: a field the table leaves out
+keeps what the code says (a table naming approvers keeps the code's quorum), and a table
+may loosen the code only by saying so (``quorum = 1``, ``self_approval = true``). A table
+needs at least one field; a quorum counts approvals, so only a ``[tool.NAME]`` table or
+``[type.tool_approval]`` may have one.
 
 Guarantees: a file that cannot be read or is not exactly this shape, a role that no key
 able to write has (nobody could ever answer), a quorum larger than the keys that could
@@ -32,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from motus.api.approvers import POLICY_KEYS, quorum_problem, valid_roles
+from motus.api.approvers import POLICY_KEYS, effective, quorum_problem, shown_fields, valid_roles
 
 
 class PolicyError(ValueError):
@@ -59,12 +61,12 @@ class ApprovalPolicy:
         return self.types.get(kind) if isinstance(kind, str) else None
 
     def shown(self, payload: Any) -> Any:
-        """The payload as clients see it: this file's policy for it in place of what the
-        tool declared (the stored payload is not changed: replays compare against it)."""
+        """The payload as clients see it: with the policy that governs it, this file's fields
+        in place of the tool's (the stored payload is not changed: replays compare against it)."""
         override = self.for_payload(payload)
         if override is None:
             return payload
-        return {**{k: v for k, v in payload.items() if k not in POLICY_KEYS}, **override}
+        return {**{k: v for k, v in payload.items() if k not in POLICY_KEYS}, **shown_fields(effective(payload, override))}
 
     def allowed_grants(self, grants: Iterable[str]) -> tuple[str, ...]:
         """The session's grants a turn's process may use: none for a tool this file covers (it
@@ -81,9 +83,9 @@ class ApprovalPolicy:
         return frozenset(role for table in (*self.tools.values(), *self.types.values()) for role in table.get("approvers", ()))
 
 
-def load_policy(path: str, key_roles: Iterable[Iterable[str]] | None) -> ApprovalPolicy:
-    """Read and check the policy file. ``key_roles``: the roles of each key that may write,
-    one collection per key (None: the server has no API keys)."""
+def load_policy(path: str, key_roles: Mapping[str, Iterable[str]] | None) -> ApprovalPolicy:
+    """Read and check the policy file. ``key_roles``: each name of a key that may write,
+    with its roles (None: the server has no API keys)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -107,7 +109,7 @@ def load_policy(path: str, key_roles: Iterable[Iterable[str]] | None) -> Approva
     if key_roles is None:
         raise PolicyError(f"--approval-policy {path} needs API keys with roles (--api-key NAME=SECRET:ROLE): "
                           "without keys nobody can be told apart")
-    keys = [frozenset(roles) for roles in key_roles]
+    keys = [frozenset(roles) for roles in key_roles.values()]  # one per person: a quorum counts names
     missing = sorted(policy.roles - {role for roles in keys for role in roles})
     if missing:
         raise PolicyError(f"--approval-policy {path} names the role {missing[0]!r}, which no API key that may write has: "
@@ -148,17 +150,15 @@ def _tables(path: str, section: str, tables: Any) -> dict[str, dict[str, Any]]:
         if "self_approval" in table:
             if not isinstance(table["self_approval"], bool):
                 raise PolicyError(f"{where}: self_approval must be true or false")
-            if not table["self_approval"]:
-                fields["self_approval"] = False
+            fields["self_approval"] = table["self_approval"]  # true too: it may loosen the code's
         if "quorum" in table:
             problem = quorum_problem(table["quorum"])
             if problem:
                 raise PolicyError(f"{where}: {problem}")
             if section == "type" and name != "tool_approval":
                 raise PolicyError(f"{where}: a quorum counts approvals, so only [tool.NAME] and [type.tool_approval] may have one")
-            if table["quorum"] > 1:
-                fields["quorum"] = table["quorum"]
+            fields["quorum"] = table["quorum"]  # 1 too: it may lower the code's
         if not fields:
-            raise PolicyError(f"{where} restricts nothing: give approvers, self_approval = false or a quorum above 1")
+            raise PolicyError(f"{where} is empty: give approvers, self_approval or quorum")
         checked[name] = fields
     return checked

@@ -177,6 +177,7 @@ class AgentServer:
             max_interrupts=max_interrupts,
             on_end=self.webhooks.send,
             approval_policy=self.approval_policy,
+            key_roles=self.api_keys.writers if self.api_keys else None,
         )
         #: Prometheus metrics (``GET /metrics``; with ``metrics_port``, also served there
         #: without an API key, on ``host``, from ``start()``).

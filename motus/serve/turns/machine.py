@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from motus.api.approvers import effective, is_approval, progress, quorum_of, quorum_refusal, refusal, unrememberable
+from motus.api.approvers import counted, effective, is_approval, progress, quorum_of, quorum_refusal, refusal, unrememberable
 from motus.api.titles import derived_title
 from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, Unprocessable, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
@@ -114,10 +114,14 @@ class Machine:
         max_live_turns: int = 0,
         session_cache: int = 0,
         approval_policy: ApprovalPolicy | None = None,
+        key_roles: dict[str, frozenset[str]] | None = None,
     ) -> None:
         self.store = store
         #: The operator's policy file (immutable): it wins over what a payload says.
         self.approval_policy = approval_policy
+        #: Each name of an API key that may write, with its roles (None: no keys); immutable.
+        #: An approval towards a quorum counts only while its key is here with its role.
+        self.key_roles = key_roles
         self.events = events
         self.max_workers = max_workers
         self.timeout = timeout
@@ -407,34 +411,40 @@ class Machine:
             why = unrememberable(entry.payload, value, override)
             if why is not None:
                 raise Unprocessable(why)
-            quorum = quorum_of(effective(entry.payload, override))
-            given = turn.approvals.get(interrupt_id, ())
+            policy = effective(entry.payload, override)
+            quorum = quorum_of(policy)
+            given = counted(turn.approvals.get(interrupt_id, ()), policy, self.key_roles) if quorum > 1 else []
             refused = quorum_refusal(entry.payload, value, by, [a.get("by") for a in given], quorum)
             if refused is not None:
                 status, why = refused
                 raise NotAnApprover(f"Forbidden: {why}") if status == 403 else Unprocessable(why)
             if quorum > 1 and is_approval(entry.payload, value) and len(given) + 1 < quorum:
-                return self._approve_partly_locked(session, turn, entry, value, by, quorum, after)
-            return Answered(self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take))
+                return self._approve_partly_locked(session, turn, entry, value, by, quorum, given, after)
+            return Answered(self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take,
+                                                 counted=given if quorum > 1 else None))
 
         return self._attempt(session_id, resume)
 
     def _approve_partly_locked(
-        self, session: Session, turn: Turn, entry: JournalEntry, value: Any, by: str, quorum: int, after: After
+        self, session: Session, turn: Turn, entry: JournalEntry, value: Any, by: str, quorum: int,
+        counted: list[Any], after: After,
     ) -> Answered:
         """One approval towards a quorum, not the last: committed in the turn's row (so a
         restart, a replay or another instance keeps it) with its audit record and an
-        ``approval`` event; the interrupt stays pending and the turn waits on."""
+        ``approval`` event; the interrupt stays pending and the turn waits on. ``counted``:
+        the approvals given before that still count (``motus.api.approvers.counted``)."""
         now = self._clock()
         interrupt_id = entry.ref or ""
-        given = (*turn.approvals.get(interrupt_id, ()), {"by": by, "at": now})
-        approvals = {**turn.approvals, interrupt_id: given}
+        mine = {"by": by, "at": now}
+        approvals = {**turn.approvals, interrupt_id: (*turn.approvals.get(interrupt_id, ()), mine)}
+        given = [*counted, mine]
         names = [a["by"] for a in given]
         events = [session.event("approval", now, interrupt_id=interrupt_id, type=entry.label, by=by, approvals=names,
                                 quorum=quorum, progress=progress(quorum, names), turn_id=turn.turn_id)]
         audit = [AuditRecord(session.session_id, "approval", now, by, {
             "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value,
-            "approvals": len(given), "quorum": quorum, "turn_id": turn.turn_id, "history_at": len(session.state),
+            "approvals": [{"by": a.get("by"), "at": a.get("at")} for a in given], "quorum": quorum,
+            "turn_id": turn.turn_id, "history_at": len(session.state),
         })]
         self._save(session, session.record(touched=now, turn=turn.record(approvals)), (), events, audit)
         turn.approvals = approvals
@@ -444,11 +454,12 @@ class Machine:
 
     def _resolve_locked(
         self, session: Session, turn: Turn, entry: JournalEntry, last: bool, value: Any, by: str, after: After,
-        expired: bool = False, take: bool = False,
+        expired: bool = False, take: bool = False, counted: list[Any] | None = None,
     ) -> SessionStatus:
         """One pending interrupt answered (by a person, or by its timeout with its default):
         commit the answer with its audit record, its events and any grant it gives, then
-        pass the value on (now, or when the turn gets a slot, or by replay)."""
+        pass the value on (now, or when the turn gets a slot, or by replay). ``counted``:
+        under a quorum, the approvals before this answer that count (else all given)."""
         now = self._clock()
         interrupt_id = entry.ref or ""
         packed = entry.default if expired and entry.default is not None else pack(("ok", value))
@@ -463,10 +474,11 @@ class Machine:
             # ends): a client places the record among that turn's messages, not an earlier one's.
             "turn_id": turn.turn_id, "history_at": len(session.state),
         })]
-        given = turn.approvals.get(interrupt_id, ())
+        given = turn.approvals.get(interrupt_id, ()) if counted is None else counted
         approvals = {ref: a for ref, a in turn.approvals.items() if ref != interrupt_id}
         if given:  # a quorum: the record lists every approval, this answer's too when it is one
-            every = [*given, {"by": by, "at": now}] if not expired and is_approval(entry.payload, value) else list(given)
+            again = any(a.get("by") == by for a in given)  # a quorum met already, completed by one who gave it
+            every = [*given, {"by": by, "at": now}] if not expired and not again and is_approval(entry.payload, value) else list(given)
             audit[0].data["approvals"] = [{"by": a.get("by"), "at": a.get("at")} for a in every]
         grants = session.grants
         tool = remembered_tool(entry.payload, value)

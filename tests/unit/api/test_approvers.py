@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from motus.api.approvers import effective, is_approval, policy_fields, progress, quorum_of, quorum_refusal, refusal, unrememberable
+from motus.api.approvers import counted, effective, is_approval, policy_fields, progress, quorum_of, quorum_refusal, refusal, unrememberable
 from motus.tools import tool
 
 
@@ -116,3 +116,20 @@ def test_a_quorum_cannot_be_met_by_callers_who_cannot_be_told_apart() -> None:
     assert "needs approvals from 2 different keys, and this server has no API keys" in (refusal(payload, "anonymous", set(), None) or "")
     assert refusal(payload, "bob", set(), "alice") is None  # any key that may write, two of them
     assert refusal(approval(quorum=0), "bob", {"finance"}, "alice") == "the approval of wire_money has a malformed quorum, so nobody may answer it"
+
+
+def test_only_approvals_of_keys_still_able_to_approve_count() -> None:
+    given = [{"by": "bob", "at": 1.0}, {"by": "carol", "at": 2.0}, {"by": "gone", "at": 3.0}]
+    keys = {"bob": {"ops"}, "carol": {"finance", "ops"}}
+    assert [a["by"] for a in counted(given, {"approvers": ["finance"], "quorum": 2}, keys)] == ["carol"]
+    assert [a["by"] for a in counted(given, {"quorum": 2}, keys)] == ["bob", "carol"]
+    assert counted(given, {"quorum": 2}, None) == []
+
+
+def test_a_quorum_met_already_is_completed_by_the_next_approval_and_a_malformed_answer_is_refused() -> None:
+    payload = approval(quorum=2)
+    assert quorum_refusal(payload, {"approved": True}, "bob", ["bob", "carol"], 2) is None  # lowered since: met
+    for value in ({"approved": "true"}, {"approved": 1}, True, None, [True]):
+        status, why = quorum_refusal(payload, value, "bob", [], 2) or (0, "")
+        assert status == 422 and "\"approved\" is true or false" in why, value
+    assert quorum_refusal({"type": "confirm"}, "anything", "bob", [], 2) is None  # only approvals have a quorum

@@ -25,6 +25,11 @@ self_approval = false
 """
 
 
+def named(roles: list[set[str]] | None) -> dict[str, set[str]] | None:
+    """Keys of these roles, one name each (as ``ApiKeys.writers`` gives them)."""
+    return None if roles is None else {f"key{index}": set(each) for index, each in enumerate(roles)}
+
+
 def written(tmp_path: Path, text: str) -> str:
     path = tmp_path / "policy.toml"
     path.write_text(text)
@@ -32,7 +37,7 @@ def written(tmp_path: Path, text: str) -> str:
 
 
 def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path: Path) -> None:
-    policy = load_policy(written(tmp_path, FILE + '\n[type.tool_approval]\napprovers = ["finance"]\n'), [{"ops", "dba", "finance"}])
+    policy = load_policy(written(tmp_path, FILE + '\n[type.tool_approval]\napprovers = ["finance"]\n'), named([{"ops", "dba", "finance"}]))
     coded = {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "approvers": ["finance"], "self_approval": False}
     assert policy.for_payload(coded) == {"approvers": ["ops"]}
     assert policy.for_payload({"type": "tool_approval", "tool_name": "other"}) == {"approvers": ["finance"]}
@@ -40,7 +45,8 @@ def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path
     assert policy.for_payload({"type": "confirm"}) is None
     override = policy.for_payload(coded)
     assert refusal(coded, "bob", {"finance"}, "alice", override) is not None  # the code's role no longer answers
-    assert refusal(coded, "carol", {"ops"}, "carol", override) is None  # nor does its sender rule hold
+    assert refusal(coded, "dave", {"ops"}, "alice", override) is None  # the file's does
+    assert refusal(coded, "carol", {"ops"}, "carol", override) is not None  # the code's sender rule, left alone, holds
     question = {"type": "user_input"}
     assert refusal(question, "alice", set(), "alice", policy.for_payload(question)) == (
         "the user_input request may not be answered by the key that sent the turn's message ('alice')"
@@ -48,12 +54,30 @@ def test_a_tools_table_wins_over_its_type_and_over_the_tools_own_policy(tmp_path
     assert policy.covers_tool("anything")  # [type.tool_approval] covers every tool
 
 
-def test_a_quorum_is_shown_in_place_of_the_tools_and_met_by_enough_keys(tmp_path: Path) -> None:
-    policy = load_policy(written(tmp_path, "[tool.wire_money]\napprovers = ['finance']\nquorum = 2\n"),
-                         [{"finance"}, {"finance", "ops"}, {"ops"}])
+def test_the_file_replaces_the_fields_it_gives_and_keeps_the_codes_others(tmp_path: Path) -> None:
+    """A table naming approvers keeps the code's quorum (a file written to widen the roles
+    must not drop a two-person rule unsaid); it lowers it only with ``quorum = 1``."""
+    policy = load_policy(written(tmp_path, "[tool.wire_money]\napprovers = ['finance']\nquorum = 2\n"
+                                           "[tool.release]\napprovers = ['finance', 'ops']\n"
+                                           "[tool.refund]\nquorum = 1\nself_approval = true\n"),
+                         named([{"finance"}, {"finance", "ops"}, {"ops"}]))
     coded = {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "quorum": 3, "self_approval": False}
     assert policy.for_payload(coded) == {"approvers": ["finance"], "quorum": 2}
-    assert policy.shown(coded) == {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {}, "approvers": ["finance"], "quorum": 2}
+    assert policy.shown(coded) == {"type": "tool_approval", "tool_name": "wire_money", "tool_args": {},
+                                   "approvers": ["finance"], "quorum": 2, "self_approval": False}
+    release = {"type": "tool_approval", "tool_name": "release", "tool_args": {}, "approvers": ["finance"], "quorum": 2}
+    assert policy.shown(release)["quorum"] == 2 and policy.shown(release)["approvers"] == ["finance", "ops"]
+    refund = {"type": "tool_approval", "tool_name": "refund", "tool_args": {}, "quorum": 2, "self_approval": False}
+    assert policy.shown(refund) == {"type": "tool_approval", "tool_name": "refund", "tool_args": {}}  # loosened, said so
+
+
+def test_a_file_quorum_counts_people_not_secrets(tmp_path: Path) -> None:
+    """Two secrets of one name (a rotation) are one person: two finance secrets of bob's do
+    not meet a quorum of two."""
+    path = written(tmp_path, "[tool.x]\napprovers = ['finance']\nquorum = 2\n")
+    with pytest.raises(PolicyError, match="needs 2 approvals, and only 1 API key with the role finance"):
+        load_policy(path, {"bob": {"finance"}, "alice": set()})
+    assert load_policy(path, {"bob": {"finance"}, "carol": {"finance"}}).for_payload({"type": "tool_approval", "tool_name": "x"})
 
 
 @pytest.mark.parametrize(
@@ -66,8 +90,7 @@ def test_a_quorum_is_shown_in_place_of_the_tools_and_met_by_enough_keys(tmp_path
         ("[tool.x]\napprovers = 'ops'\n", [{"ops"}], "non-empty list of role names"),
         ("[tool.x]\napprovers = []\n", [{"ops"}], "non-empty list of role names"),
         ("[tool.x]\nself_approval = 'no'\n", [{"ops"}], "self_approval must be true or false"),
-        ("[tool.x]\nself_approval = true\n", [{"ops"}], "restricts nothing"),
-        ("[tool.x]\nquorum = 1\n", [{"ops"}], "restricts nothing"),
+        ("[tool.x]\n", [{"ops"}], "is empty"),
         ("[tool.x]\nquorum = 0\n", [{"ops"}], "quorum must be a whole number of approvals from 1 to 10, got 0"),
         ("[tool.x]\nquorum = 2.0\n", [{"ops"}], "quorum must be a whole number"),
         ("[tool.x]\nquorum = true\n", [{"ops"}], "quorum must be a whole number"),
@@ -83,17 +106,17 @@ def test_a_quorum_is_shown_in_place_of_the_tools_and_met_by_enough_keys(tmp_path
 )
 def test_a_file_nobody_could_satisfy_is_refused_with_one_line(tmp_path: Path, text: str, roles: list[set[str]] | None, message: str) -> None:
     with pytest.raises(PolicyError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
-        load_policy(written(tmp_path, text), roles)
+        load_policy(written(tmp_path, text), named(roles))
     assert "\n" not in str(caught.value)
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="Cannot read --approval-policy .*missing.toml"):
-        load_policy(str(tmp_path / "missing.toml"), [{"ops"}])
+        load_policy(str(tmp_path / "missing.toml"), named([{"ops"}]))
 
 
 def test_a_file_that_is_not_utf_8_is_refused_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "policy.toml"
     path.write_bytes(b'[tool.x]\napprovers = ["\xff\xfe"]\n')
     with pytest.raises(PolicyError, match="is not UTF-8 text"):
-        load_policy(str(path), [{"ops"}])
+        load_policy(str(path), named([{"ops"}]))

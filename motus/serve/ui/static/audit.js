@@ -27,7 +27,7 @@ function describe(record) {
   if (typeof payload.tool_name === "string") {
     const approved = Boolean(value && typeof value === "object" && value.approved === true);
     // An approval towards a quorum ("approval") says where it stood; a resolution lists them all.
-    const count = record.kind === "approval" && Number.isInteger(record.approvals) && Number.isInteger(record.quorum) ? ` (${record.approvals} of ${record.quorum} approvals)` : "";
+    const count = record.kind === "approval" && Array.isArray(record.approvals) && Number.isInteger(record.quorum) ? ` (${record.approvals.length} of ${record.quorum} approvals)` : "";
     const all = record.kind === "resolved" && Array.isArray(record.approvals) && record.approvals.length ? ` (approvals: ${record.approvals.map((a) => String(a && a.by)).join(", ")})` : "";
     return [approved ? "Approved " : "Rejected ", el("code", {}, visibleText(payload.tool_name)), record.reason === "timeout" ? " (timed out)" : "", count, all];
   }

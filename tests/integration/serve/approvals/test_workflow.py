@@ -38,20 +38,28 @@ def start_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
     """Every test runs twice: against one server, and against two instances on one
     PostgreSQL database, each request going to the next instance in turn (event streams
     are read from the first, so they show what the other did). A test that names its own
-    ``--store`` (a restart on a SQLite file) runs on one server both times."""
+    ``--store`` (a restart on a SQLite file) uses ``one_server`` instead."""
     with server_factory(tmp_path) as start:
         if request.param == "one-server":
             yield start
             return
 
         def start_instances(agent: str, *args: str, env: dict[str, str] | None = None) -> Server:
-            if "--store" in args:
-                return start(agent, *args, env=env)
+            assert "--store" not in args, "a test with its own --store runs once: use one_server"
             url = request.getfixturevalue("pg_cluster").create_database()
             first, second = (start(agent, *args, "--store", url, env=env) for _ in range(2))
             return Instances.of(first, second)
 
         yield start_instances
+
+
+@pytest.fixture
+def one_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Servers of one process each, for a test that names its own ``--store`` (a restart on
+    a SQLite file): run once, not once per ``start_server`` parameter (where it would run on
+    one server both times)."""
+    with server_factory(tmp_path) as start:
+        yield start
 
 
 @pytest.fixture(scope="module", params=["one-server", "two-instances-on-postgresql"])
@@ -223,9 +231,9 @@ def test_a_client_that_reconnects_with_last_event_id_misses_nothing_and_sees_not
     assert [e["event"] for e in collected].count("resolved") == 6
 
 
-def test_events_survive_a_restart_with_a_durable_store(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path, streams) -> None:
+def test_events_survive_a_restart_with_a_durable_store(one_server: Callable[..., Server], sandbox: Path, tmp_path: Path, streams) -> None:
     store = f"sqlite:///{tmp_path / 'events.db'}"
-    first = start_server(CALLS, "--store", store, env=env(sandbox))
+    first = one_server(CALLS, "--store", store, env=env(sandbox))
     session_id = start(first, "delete_file a")
     [item] = pending(first, session_id)
     stream = streams(first, f"/sessions/{session_id}/events", last_id=0)
@@ -233,7 +241,7 @@ def test_events_survive_a_restart_with_a_durable_store(start_server: Callable[..
     last_id = before[-1]["id"]
     stream.close()
     assert first.stop() == 0
-    second = start_server(CALLS, "--store", store, env=env(sandbox))
+    second = one_server(CALLS, "--store", store, env=env(sandbox))
     again = streams(second, f"/sessions/{session_id}/events", last_id=last_id)
     assert resume(second, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
     after = again.until("status", status="idle")
@@ -348,15 +356,15 @@ def test_an_unanswered_approval_times_out_as_a_rejection_and_the_tool_never_runs
     assert ran(sandbox, "send_money") == []
 
 
-def test_expiry_holds_across_a_restart_and_for_a_parked_turn(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+def test_expiry_holds_across_a_restart_and_for_a_parked_turn(one_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'expiry.db'}"
-    first = start_server(EXPIRING, "--store", store, "--park-after", "0", env=env(sandbox))
+    first = one_server(EXPIRING, "--store", store, "--park-after", "0", env=env(sandbox))
     session_id = start(first, "3")
     [item] = pending(first, session_id)
     wait_until(lambda: first.get("/health").json()["parked_turns"] == 1, what="the turn to park")
     assert first.stop() == 0
     wait_until(lambda: time.time() > _epoch(item["expires_at"]) + 0.2, timeout=10, what="the deadline to pass while stopped")
-    second = start_server(EXPIRING, "--store", store, env=env(sandbox))
+    second = one_server(EXPIRING, "--store", store, env=env(sandbox))
     body = second.wait_for_status(session_id, "idle")
     assert body["response"]["content"] == "got {'choice': 'default'}"
     assert [r["by"] for r in second.get(f"/sessions/{session_id}/audit").json()] == ["timeout"]
@@ -405,14 +413,14 @@ def test_a_grant_is_per_tool_and_per_session(shared: Callable[..., Server], shar
     assert pending(server, other)[0]["payload"]["tool_name"] == "delete_file"
 
 
-def test_a_grant_survives_a_restart(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+def test_a_grant_survives_a_restart(one_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'grants.db'}"
-    first = start_server(CALLS, "--store", store, env=env(sandbox))
+    first = one_server(CALLS, "--store", store, env=env(sandbox))
     session_id = start(first, "delete_file a")
     approve(first, session_id, remember="session")
     first.wait_for_status(session_id, "idle")
     assert first.stop() == 0
-    second = start_server(CALLS, "--store", store, env=env(sandbox))
+    second = one_server(CALLS, "--store", store, env=env(sandbox))
     assert [g["tool_name"] for g in second.get(f"/sessions/{session_id}/grants").json()] == ["delete_file"]
     second.send(session_id, "delete_file b")
     assert second.wait_for_status(session_id, "idle")["response"]["content"] == "deleted b"
@@ -550,21 +558,21 @@ def test_a_server_without_keys_refuses_answers_a_policy_restricts(shared: Callab
     assert server.delete(f"/sessions/{session_id}").status_code == 204
 
 
-def test_the_policy_holds_after_kill_9_for_the_parked_turn(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+def test_the_policy_holds_after_kill_9_for_the_parked_turn(one_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
     """The policy is part of the stored interrupt: after the server is killed (-9) and started
     again, the replayed turn's approval still refuses dave and the sender, and bob's runs the
     tool once."""
     from tests.integration.serve.durability.test_durability import kill_server
 
     store = f"sqlite:///{tmp_path / 'approvers.db'}"
-    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    keys = as_keys(one_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
     log = keys["carol"].log()
     assert "API keys: alice, bob (finance), carol (finance, ops), dave (ops)" in log  # names and roles...
     assert not [secret for secret in ROLE_SECRETS.values() if secret in log]  # ...never a secret
     session_id = start(keys["carol"], "wire_money 104")
     [item] = pending(keys["carol"], session_id)
     kill_server(keys["carol"])
-    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    keys = as_keys(one_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
     for name in ("dave", "carol"):
         refused = resume(keys[name], session_id, item["interrupt_id"], {"approved": True})
         assert refused.status_code == 403, refused.text
@@ -611,6 +619,9 @@ def test_a_two_person_rule_records_the_first_approval_and_runs_the_call_on_a_sec
         ("dave", {"approved": True}, 403, "needs a key with the role 'finance'; API key 'dave' has none of them"),
         ("carol", {"approved": True, "tool_args": {"amount": 1}}, 422, "an approval cannot edit its arguments"),
         ("carol", {"approved": True, "remember": "session"}, 422, "cannot be remembered for the session"),
+        # Read by the gate as a rejection: under a quorum, one person's veto sent by mistake.
+        ("carol", {"approved": "true"}, 422, "an answer must be an object whose \"approved\" is true or false"),
+        ("carol", True, 422, "an answer must be an object whose \"approved\" is true or false"),
     ):
         refused = resume(keys[name], session_id, interrupt_id, value)
         assert refused.status_code == status and why in refused.json()["detail"], refused.text
@@ -623,7 +634,7 @@ def test_a_two_person_rule_records_the_first_approval_and_runs_the_call_on_a_sec
     assert ran(shared_sandbox, "release_funds").count(amount) == 1
     audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
     assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "carol")], audit
-    assert audit[0]["approvals"] == 1 and audit[0]["quorum"] == 2 and audit[0]["interrupt_id"] == interrupt_id
+    assert [a["by"] for a in audit[0]["approvals"]] == ["bob"] and audit[0]["quorum"] == 2 and audit[0]["interrupt_id"] == interrupt_id
     assert [a["by"] for a in audit[1]["approvals"]] == ["bob", "carol"], audit[1]
 
 
@@ -682,6 +693,36 @@ def test_a_two_person_approval_keeps_its_first_approval_through_kill_9(request: 
         assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "carol")], audit
 
 
+def test_an_approval_from_a_key_removed_since_no_longer_counts(one_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+    """bob approves, then the server is started again without bob's key (erin, finance,
+    joins): bob's approval no longer counts, so carol's is the first again, and erin's
+    completes the quorum. The audit's record lists the two that counted."""
+    store = f"sqlite:///{tmp_path / 'revoked.db'}"
+    keys = as_keys(one_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    session_id = start(keys["alice"], "release_funds 306")
+    [item] = pending(keys["alice"], session_id)
+    assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).json()["approvals_needed"] == 1
+    assert keys["alice"].stop() == 0
+    keys_then = [KEYS_WITH_ROLES[index:index + 2] for index in range(0, len(KEYS_WITH_ROLES), 2)]
+    without_bob = [arg for pair in keys_then if not pair[1].startswith("bob=") for arg in pair]
+    server = one_server(CALLS, *without_bob, "--api-key", "erin=erin-secret-7:finance", "--store", store, env=env(sandbox))
+    keys = as_keys(server)
+    erin = server.with_headers({"Authorization": "Bearer erin-secret-7"})
+    [waiting] = pending(keys["alice"], session_id)
+    assert waiting["approvals"] == [] and waiting["approvals_needed"] == 2, waiting
+    body = keys["alice"].get(f"/sessions/{session_id}").json()
+    [step] = [s for s in body["turn"]["steps"] if s["kind"] == "interrupt"]
+    assert "approvals" not in step, step  # the live turn says the same
+    first = resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True})
+    assert first.status_code == 200 and first.json()["approvals_needed"] == 1, first.text
+    assert ran(sandbox, "release_funds") == []
+    assert resume(erin, session_id, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert erin.wait_for_status(session_id, "idle")["response"]["content"] == "released 306"
+    audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
+    assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("approval", "carol"), ("resolved", "erin")], audit
+    assert [a["by"] for a in audit[-1]["approvals"]] == ["carol", "erin"], audit
+
+
 POLICY_FILE = """
 # wire_money's code says finance; the operator says ops.
 [tool.wire_money]
@@ -707,7 +748,8 @@ def test_the_operators_policy_file_wins_over_the_tools_code_and_is_what_clients_
     amount = str(uuid.uuid4().int % 10**9)
     session_id = start(keys["alice"], f"wire_money {amount}")
     [item] = pending(keys["alice"], session_id)
-    assert item["payload"]["approvers"] == ["ops"] and "self_approval" not in item["payload"], item
+    # The file's approvers replace the code's; the code's self_approval, which the file leaves alone, stays.
+    assert item["payload"]["approvers"] == ["ops"] and item["payload"]["self_approval"] is False, item
     [listed] = [i for i in keys["bob"].get("/interrupts").json() if i["session_id"] == session_id]
     assert listed["payload"]["approvers"] == ["ops"]
     refused = resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True})  # finance: the code's role
@@ -729,7 +771,7 @@ def test_the_operators_policy_file_wins_over_the_tools_code_and_is_what_clients_
 
 
 def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_after_a_restart(
-    start_server: Callable[..., Server], sandbox: Path, tmp_path: Path
+    one_server: Callable[..., Server], sandbox: Path, tmp_path: Path
 ) -> None:
     """alice remembers ``delete_file`` for the session; a turn waits on ``wire_money`` with a
     ``delete_file`` after it; the server is restarted with a file saying only ops approves
@@ -737,7 +779,7 @@ def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_afte
     instead of running it on the old grant."""
     pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
     store = f"sqlite:///{tmp_path / 'grants.db'}"
-    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
+    keys = as_keys(one_server(CALLS, *KEYS_WITH_ROLES, "--store", store, env=env(sandbox)))
     session_id = start(keys["alice"], "delete_file a")
     approve(keys["alice"], session_id, remember="session")
     keys["alice"].wait_for_status(session_id, "idle")
@@ -747,7 +789,7 @@ def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_afte
     assert keys["alice"].stop() == 0
     policy = tmp_path / "policy.toml"
     policy.write_text('[tool.delete_file]\napprovers = ["ops"]\n')
-    keys = as_keys(start_server(CALLS, *KEYS_WITH_ROLES, "--store", store, "--approval-policy", str(policy), env=env(sandbox)))
+    keys = as_keys(one_server(CALLS, *KEYS_WITH_ROLES, "--store", store, "--approval-policy", str(policy), env=env(sandbox)))
     assert resume(keys["bob"], session_id, item["interrupt_id"], {"approved": True}).status_code == 200
     [asked] = pending(keys["bob"], session_id)  # the grant no longer answers for delete_file
     assert asked["payload"]["tool_name"] == "delete_file" and asked["payload"]["approvers"] == ["ops"], asked
@@ -988,13 +1030,13 @@ def test_a_bad_title_is_refused_naming_the_problem_and_changes_nothing(
     assert server.get("/sessions", params={"titles": "maybe"}).status_code == 400
 
 
-def test_a_title_survives_a_restart(start_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
+def test_a_title_survives_a_restart(one_server: Callable[..., Server], sandbox: Path, tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'titles.db'}"
-    server = start_server(CALLS, "--store", store, env=env(sandbox))
+    server = one_server(CALLS, "--store", store, env=env(sandbox))
     session_id = server.post("/sessions", json={"title": "before"}).json()["session_id"]
     assert server.patch(f"/sessions/{session_id}", json={"title": "after"}).status_code == 200
     server.stop()
-    again = start_server(CALLS, "--store", store, env=env(sandbox))
+    again = one_server(CALLS, "--store", store, env=env(sandbox))
     assert [row["title"] for row in again.get("/sessions", params={"titles": "true"}).json()] == ["after"]
 
 

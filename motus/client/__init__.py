@@ -38,6 +38,7 @@ from motus.client.library import (
     Unauthorized,
     Unavailable,
     Webhook,
+    WhoAmI,
     normalize_url,
 )
 
@@ -67,5 +68,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Webhook",
+    "WhoAmI",
     "normalize_url",
 ]

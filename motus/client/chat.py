@@ -49,7 +49,9 @@ from motus.client.library import (
     NotFound,
     SessionResponse,
     Unavailable,
+    WhoAmI,
 )
+from motus.api.approvers import refusal
 from motus.client.prompts import (
     OTHER_LABEL,
     answer_custom,
@@ -143,6 +145,9 @@ class Chat:
     #: Whether the server has event streams: None until known, False after a 404 (the
     #: reference server), when every wait is a long poll.
     _events: bool | None = field(default=None, init=False)
+    #: Who this chat's key is (``GET /whoami``): None until asked, False where the server
+    #: cannot say (then every answer is offered, and the server decides).
+    _me: WhoAmI | bool | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._spinner = Spinner(self.console.stderr)
@@ -331,6 +336,15 @@ class Chat:
                 item = fresh[0]
                 handled.add(item.interrupt_id)
                 asked += 1
+                why = self._cannot_answer(item, session)
+                if why is not None:
+                    # Not offered: the server would refuse it. It waits for someone who may,
+                    # and the turn shows as paused (Enter looks again once they have answered).
+                    self._spinner.stop()
+                    self.console.note(f"[info] {why}; it waits for someone who may answer it")
+                    self._spinner.start()
+                    session = self.client.get_session(self._sid)
+                    continue
                 value = self._answer(item, (asked, asked - 1 + len(fresh)))
                 if value is not SKIP:
                     try:
@@ -392,6 +406,34 @@ class Chat:
             return session
         finally:
             stream.close()
+
+    def _whoami(self) -> WhoAmI | None:
+        """This chat's key as the server names it, asked once; None where it cannot say."""
+        if self._me is None:
+            try:
+                self._me = self.client.whoami()
+            except (NotFound, Forbidden):
+                self._me = False  # an older server, or the reference product: nothing is held back
+        return self._me if isinstance(self._me, WhoAmI) else None
+
+    def _cannot_answer(self, item: InterruptInfo, session: SessionResponse) -> str | None:
+        """Why this chat's key may not answer ``item`` (its policy, as the server checks it),
+        or None: it may, or who the key is is not known."""
+        me = self._whoami()
+        if me is None:
+            return None
+        if me.read_only:
+            return f"your key ({visible(me.name)}) is read-only, so it cannot answer {visible(item.type)}"
+        sender = (session.turn or {}).get("sent_by")
+        # An unknown sender is left for the server to judge (the check fails closed on None).
+        why = refusal(item.payload, me.name, me.roles, sender if isinstance(sender, str) else "\x00unknown")
+        if why is not None:
+            return f"your key cannot answer this: {visible(why)}"
+        quorum = item.payload.get("quorum")
+        given = [approval.by for approval in item.approvals or []]
+        if isinstance(quorum, int) and me.name in given and len(given) < quorum:  # (met already: anyone completes it)
+            return f"you approved this already ({len(given)} of {quorum} approvals); it needs another key's"
+        return None
 
     def _answer(self, info: InterruptInfo, position: tuple[int, int]) -> Any:
         self._spinner.stop()

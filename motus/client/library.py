@@ -61,6 +61,7 @@ from motus.api.schemas import (
     SessionResponse,
     SessionSummary,
     Webhook,
+    WhoAmI,
 )
 from motus.client.events import Event, read_events
 from motus.models import ChatMessage
@@ -87,6 +88,7 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Webhook",
+    "WhoAmI",
 ]
 
 #: Seconds one long poll asks the server to hold the request (``?wait=true&timeout=``).
@@ -239,6 +241,11 @@ class Client:
     def health(self) -> HealthResponse:
         """``GET /health``."""
         return _parse(HealthResponse, self._request("GET", "/health"))
+
+    def whoami(self) -> WhoAmI:
+        """``GET /whoami``: the key this client sends (its name, roles, whether read-only).
+        ``NotFound`` from a server without it (the reference product)."""
+        return _parse(WhoAmI, self._request("GET", "/whoami"))
 
     def create_session(
         self,

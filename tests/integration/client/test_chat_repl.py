@@ -613,22 +613,20 @@ def test_a_second_approver_is_told_what_the_turn_is_about_and_has_history(start_
     assert [(entry["kind"], entry["by"]) for entry in audit] == [("resolved", "bob")]
 
 
-def test_an_answer_the_policy_refuses_is_said_and_the_request_waits_for_someone_who_may(start_server, terminal, tmp_path) -> None:
+def test_an_answer_the_policy_refuses_is_not_asked_and_the_request_waits_for_someone_who_may(start_server, terminal, tmp_path) -> None:
     """``wire_money`` names ``approvers=["finance"]`` and forbids the sender: alice, who sent
-    the message, sees who may approve, answers anyway, is told the answer was refused (the
-    server's reason) and that the turn is paused; bob (finance) approves over HTTP, and
-    Enter in alice's chat shows the reply."""
+    the message and has no role, is not asked; she is told why (the server's own reason) and
+    that the turn is paused; bob (finance) approves over HTTP, and Enter in alice's chat
+    shows the reply."""
     keyed = start_server("tests.agents.approval:calls", "--api-key", "alice=SECRET1", "--api-key", "bob=SECRET2:finance",
                          env={"MOTUS_EXAMPLE_DIR": str(tmp_path)})
     bob = keyed.with_headers({"Authorization": "Bearer SECRET2"})
     alice = terminal(keyed.url, env={"MOTUS_API_KEY": "SECRET1"})
     alice.expect_literal("> ")
     alice.send("wire_money 7")
-    alice.expect_literal("Who may approve: a key with the role finance, not the key that sent the message")
-    alice.expect_literal("Approve? [y/N] ")
-    alice.send("y")
-    alice.expect_literal("[info] your answer was refused; someone who may must answer it: Forbidden: "
-                         "the approval of wire_money needs a key with the role 'finance'; API key 'alice' has none of them")
+    # Not asked at all: the chat knows its key (GET /whoami) and that the server would refuse it.
+    alice.expect_literal("[info] your key cannot answer this: the approval of wire_money needs a key with the role "
+                         "'finance'; API key 'alice' has none of them; it waits for someone who may answer it")
     alice.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
     alice.expect_literal("> ")
     [session] = bob.get("/sessions").json()
@@ -645,8 +643,8 @@ def test_an_answer_the_policy_refuses_is_said_and_the_request_waits_for_someone_
 
 def test_a_two_person_approval_says_where_it_stands_and_waits_for_the_second(start_server, terminal, tmp_path) -> None:
     """``release_funds`` needs two keys with the role finance: bob's approval in the terminal
-    counts and he is told "1 of 2 approvals: bob" and that the turn is paused; carol approves
-    over HTTP, and Enter in bob's chat shows the reply."""
+    counts and he is told "1 of 2 approvals: bob" and that the turn is paused; Enter does not
+    ask him again; carol approves over HTTP, and Enter in bob's chat shows the reply."""
     keyed = start_server("tests.agents.approval:calls", "--api-key", "bob=SECRET2:finance", "--api-key", "carol=SECRET3:finance",
                          env={"MOTUS_EXAMPLE_DIR": str(tmp_path)})
     carol = keyed.with_headers({"Authorization": "Bearer SECRET3"})
@@ -658,6 +656,11 @@ def test_a_two_person_approval_says_where_it_stands_and_waits_for_the_second(sta
     bob.expect_literal("Approve? [y/N] ")
     bob.send("y")
     bob.expect_literal("[info] your approval counted: 1 of 2 approvals: bob; the call waits for 1 more from another key")
+    bob.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
+    bob.expect_literal("> ")
+    bob.send("")  # looking again: bob is not asked a second time
+    bob.expect_literal("[info] you approved this already (1 of 2 approvals); it needs another key's; "
+                       "it waits for someone who may answer it")
     bob.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
     bob.expect_literal("> ")
     [session] = carol.get("/sessions").json()

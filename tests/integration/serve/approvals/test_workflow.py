@@ -628,6 +628,9 @@ def test_a_two_person_rule_records_the_first_approval_and_runs_the_call_on_a_sec
         body = keys["alice"].get(f"/sessions/{session_id}").json()
         assert body["status"] == "interrupted" and [a["by"] for a in body["interrupts"][0]["approvals"]] == ["bob"], body
         assert amount not in ran(shared_sandbox, "release_funds")
+    # What a client asks to offer each key only what it may do (never the secret):
+    assert keys["carol"].get("/whoami").json() == {"name": "carol", "roles": ["finance", "ops"], "read_only": False}
+    assert keys["alice"].get("/whoami").json() == {"name": "alice", "roles": [], "read_only": False}
     second = resume(keys["carol"], session_id, interrupt_id, {"approved": True})
     assert second.status_code == 200 and second.json() == {"session_id": session_id, "status": "running"}, second.text
     assert keys["alice"].wait_for_status(session_id, "idle")["response"]["content"] == f"released {amount}"

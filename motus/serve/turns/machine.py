@@ -507,6 +507,14 @@ class Machine:
         self.metrics.interrupt_answered(reason, now - entry.created_at if entry.created_at is not None else None)
         return status
 
+    def _shown_interrupt(self, entry: JournalEntry) -> dict[str, Any]:
+        """An interrupt as events and webhooks show it: with the policy the server enforces
+        (the operator's file's fields in place of the tool's)."""
+        shown = interrupt_data(entry)
+        if self.approval_policy is not None:
+            shown["payload"] = self.approval_policy.shown(shown["payload"])
+        return shown
+
     def _deliver_locked(self, session: Session, turn: Turn, message: Resume, last: bool, after: After) -> None:
         """Pass a committed answer on: to the live worker (now, or with the turn's next
         compute slot when it was the last one), or by replay of a parked turn once all are
@@ -725,10 +733,7 @@ class Machine:
             )
             entries.append(entry)
             fresh.append(entry)
-            shown = interrupt_data(entry)
-            if self.approval_policy is not None:  # clients see the policy the server enforces
-                shown["payload"] = self.approval_policy.shown(shown["payload"])
-            events.append(session.event("interrupt", now, **shown))
+            events.append(session.event("interrupt", now, **self._shown_interrupt(entry)))
         if session.status is not SessionStatus.INTERRUPTED:
             events.append(session.event("status", now, status=SessionStatus.INTERRUPTED.value))
         self._save(session, session.record(status=SessionStatus.INTERRUPTED, touched=now), entries, events)
@@ -742,7 +747,7 @@ class Machine:
         if fresh and webhook_wants(turn.webhook, "interrupted"):  # one delivery for what came together
             after.ended.append(TurnEnd(
                 session_id=session.session_id, status=SessionStatus.INTERRUPTED, response=None, error=None,
-                messages=[], webhook=turn.webhook, interrupts=[interrupt_data(e) for e in turn.pending()],
+                messages=[], webhook=turn.webhook, interrupts=[self._shown_interrupt(e) for e in turn.pending()],
             ))
         if turn.state is TurnState.RESUMING:
             after.sends.extend((turn.handle, value) for value in turn.queued_values)  # type: ignore[misc]

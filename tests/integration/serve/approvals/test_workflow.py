@@ -802,17 +802,22 @@ def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_afte
 
 
 def test_a_quorum_from_the_policy_file_given_in_the_environment_covers_a_tool_that_declares_none(
-    shared: Callable[..., Server], shared_sandbox: Path
+    shared: Callable[..., Server], shared_sandbox: Path, sink: WebhookSink
 ) -> None:
     """``MOTUS_APPROVAL_POLICY`` (read by ``motus serve start`` as by the WSGI entry point)
-    gives ``delete_file``, which declares nothing, a quorum of two finance keys: the first
-    approval is recorded, the second runs it."""
+    gives ``delete_file``, which declares nothing, a quorum of two finance keys: the
+    ``interrupted`` webhook shows that policy, the first approval is recorded, the second
+    runs it."""
     pytest.importorskip("tomllib", reason="--approval-policy reads TOML with tomllib (Python 3.11+)")
     path = shared_sandbox / "quorum-policy.toml"
     path.write_text('[tool.delete_file]\napprovers = ["finance"]\nquorum = 2\n')
     keys = as_keys(shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox, MOTUS_APPROVAL_POLICY=str(path))))
     name = f"q{uuid.uuid4().int % 10**9}"
-    session_id = start(keys["alice"], f"delete_file {name}")
+    session_id = keys["alice"].create_session()
+    keys["alice"].send(session_id, f"delete_file {name}", webhook={"url": sink.url, "events": ["interrupted"]})
+    [delivered] = sink.wait_for(1)
+    [told] = delivered["body"]["interrupts"]
+    assert told["payload"]["approvers"] == ["finance"] and told["payload"]["quorum"] == 2, told
     [item] = pending(keys["alice"], session_id)
     assert item["payload"]["quorum"] == 2 and item["payload"]["approvers"] == ["finance"] and item["approvals_needed"] == 2, item
     first = resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True})

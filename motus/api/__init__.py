@@ -4,8 +4,9 @@
   (``serving-api.md``) as pydantic models;
 - :mod:`motus.api.webhook_urls`: the syntactic checks of a webhook's URL and token, which the
   request schema applies when a message is posted;
-- :mod:`motus.api.approvers`: who may answer an approval (a tool's ``approvers`` and
-  ``self_approval``), written by the tool into its interrupt and checked by the server.
+- :mod:`motus.api.approvers`: who may answer an approval (a tool's ``approvers``,
+  ``self_approval`` and ``quorum``), written by the tool into its interrupt, checked by the
+  server and read by the clients to offer only what a key may answer.
 
 Both the server (``motus.serve``) and the client (``motus.client``) import this package; it
 imports neither, so ``import motus.client`` never loads the server.

@@ -124,20 +124,30 @@ def quorum_refusal(payload: Any, value: Any, caller: str, approved_by: Iterable[
 
 
 def counted(approvals: Iterable[Mapping[str, Any]], policy: Mapping[str, Any] | None,
-            key_roles: Mapping[str, Iterable[str]] | None) -> list[Mapping[str, Any]]:
+            key_roles: Mapping[str, Iterable[str]] | None, sender: str | None = None) -> list[Mapping[str, Any]]:
     """The approvals given so far that still count: each from a key the server still has
-    (``key_roles``: each writing key's name and roles) with a role the policy names. A key
-    removed, or stripped of its role, since it approved no longer counts (its approval is
-    kept in the turn, and counts again if the key comes back)."""
+    (``key_roles``: each writing key's name and roles) with a role the policy names, and not
+    from the turn's ``sender`` where the policy forbids it. A key removed, stripped of its
+    role, or a policy changed since it approved (a restart with another file) takes the
+    approval back; it is kept in the turn, and counts again if the key comes back."""
     if key_roles is None:
         return []
     approvers = set(policy.get("approvers") or ()) if policy is not None else set()
+    no_sender = policy is not None and policy.get("self_approval") is False
     kept = []
     for approval in approvals:
-        roles = key_roles.get(str(approval.get("by")))
-        if roles is not None and (not approvers or approvers & set(roles)):
+        name = str(approval.get("by"))
+        roles = key_roles.get(name)
+        if roles is not None and (not approvers or approvers & set(roles)) and not (no_sender and name == sender):
             kept.append(approval)
     return kept
+
+
+def approval_record(approval: Mapping[str, Any], isoformat: Any = None) -> dict[str, Any]:
+    """One approval as records and clients show it: ``{"by", "at"}`` (``at`` through
+    ``isoformat`` when given, else the wall clock as stored)."""
+    at = approval.get("at")
+    return {"by": approval.get("by"), "at": isoformat(at) if isoformat is not None else at}
 
 
 def progress(quorum: int, approved_by: Iterable[str]) -> str:

@@ -51,11 +51,12 @@ from motus.client.library import (
     Unavailable,
     WhoAmI,
 )
-from motus.api.approvers import refusal
+from motus.api.approvers import progress, quorum_refusal, refusal
 from motus.client.prompts import (
     OTHER_LABEL,
     answer_custom,
     answer_interrupt,
+    answer_own_approval,
     answer_tool_approval,
     answer_user_input,
     boxed,
@@ -65,6 +66,7 @@ from motus.client.prompts import (
     format_custom,
     format_question,
     parse_choices,
+    quorum_of,
 )
 from motus.client.terminal import Console, Spinner, format_message, visible, visible_json
 
@@ -345,7 +347,7 @@ class Chat:
                     self._spinner.start()
                     session = self.client.get_session(self._sid)
                     continue
-                value = self._answer(item, (asked, asked - 1 + len(fresh)))
+                value = self._answer(item, (asked, asked - 1 + len(fresh)), self._approved_already(item))
                 if value is not SKIP:
                     try:
                         with _ctrl_c_held_back():
@@ -429,16 +431,25 @@ class Chat:
         why = refusal(item.payload, me.name, me.roles, sender if isinstance(sender, str) else "\x00unknown")
         if why is not None:
             return f"your key cannot answer this: {visible(why)}"
-        quorum = item.payload.get("quorum")
-        given = [approval.by for approval in item.approvals or []]
-        if isinstance(quorum, int) and me.name in given and len(given) < quorum:  # (met already: anyone completes it)
-            return f"you approved this already ({len(given)} of {quorum} approvals); it needs another key's"
         return None
 
-    def _answer(self, info: InterruptInfo, position: tuple[int, int]) -> Any:
+    def _approved_already(self, item: InterruptInfo) -> str | None:
+        """Where the quorum stands (``1 of 2 approvals: bob``) when this chat's key approved
+        ``item`` already and may not again (it may still reject it); else None."""
+        me = self._whoami()
+        if me is None or not item.approvals:
+            return None
+        quorum = quorum_of(item.payload)
+        given = [approval.by for approval in item.approvals]
+        if quorum_refusal(item.payload, {"approved": True}, me.name, given, quorum) is None:
+            return None
+        return progress(quorum, given)
+
+    def _answer(self, info: InterruptInfo, position: tuple[int, int], approved: str | None = None) -> Any:
+        """Ask the person; ``approved``: they approved it already (a quorum), so only a rejection is asked."""
         self._spinner.stop()
         self._asking = True
-        value = answer_interrupt(info, self.console, position)
+        value = answer_own_approval(info.payload, approved, self.console) if approved else answer_interrupt(info, self.console, position)
         self._asking = False
         self._spinner.start()
         return value

@@ -44,7 +44,8 @@ from motus.client.library import (
     Webhook,
 )
 from motus.client.chat import EXIT_INTERRUPTED, Chat, Console, describe_error, visible, visible_json
-from motus.client.prompts import who_may_approve
+from motus.api.approvers import progress
+from motus.client.prompts import quorum_of, who_may_approve
 from motus.client.terminal import format_message
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -282,9 +283,7 @@ def format_inbox(items: list[Any]) -> str:
                 lines.append(f"    {policy}")
             approvals = getattr(item, "approvals", None)
             if approvals is not None:  # a quorum: where it stands
-                names = ", ".join(visible(a.by) for a in approvals)
-                needed = getattr(item, "approvals_needed", 0) or 0
-                lines.append(f"    {len(approvals)} of {len(approvals) + needed} approvals{': ' + names if names else ''}")
+                lines.append(f"    {progress(quorum_of(item.payload), [visible(a.by) for a in approvals])}")
         blocks.append("\n".join(lines))
     return "\n\n".join([*blocks, ANSWER_HINT])
 
@@ -331,6 +330,8 @@ def resume(url: str, session_id: str, interrupt_id: str, value: str, as_json: bo
         _print_json(accepted.model_dump(mode="json"))
     else:
         click.echo(f"Answered; session {visible(accepted.session_id)} is {visible(accepted.status)}.")
+        if accepted.approvals_needed:  # one approval of a quorum: it waits for other keys
+            click.echo(visible(accepted.detail or f"It needs {accepted.approvals_needed} more approval(s) from other keys."))
 
 
 @click.command()

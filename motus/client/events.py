@@ -20,8 +20,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Event:
-    """One change: ``kind`` is ``status``, ``interrupt``, ``resolved``, ``message``,
-    ``error``, ``grant``, ``revoke`` (or ``ready``/``reset`` from the stream itself);
+    """One change: ``kind`` is ``status``, ``interrupt``, ``resolved``, ``approval``,
+    ``message``, ``error``, ``grant``, ``revoke``, ``title`` (or ``ready``/``reset`` from the
+    stream itself);
     ``data`` always has ``session_id`` (None for ``ready`` on the all-sessions stream)."""
 
     id: int | None

@@ -33,6 +33,7 @@ import json
 from http import HTTPStatus
 from typing import Any
 
+from motus.api import approvers
 from motus.client.library import SKIP, ClientError, InterruptInfo
 from motus.client.terminal import Console, visible, visible_json
 
@@ -68,8 +69,7 @@ def who_may_approve(payload: dict[str, Any]) -> str | None:
     """The tool's approver policy in words (``motus.api.approvers``), or None without one."""
     approvers = payload.get("approvers")
     roles = [str(role) for role in approvers] if isinstance(approvers, list) else []
-    quorum = payload.get("quorum")
-    quorum = quorum if isinstance(quorum, int) and not isinstance(quorum, bool) and quorum > 1 else 1
+    quorum = quorum_of(payload)
     parts = []
     if roles:
         who = "a key" if quorum == 1 else f"{quorum} different keys"
@@ -86,8 +86,7 @@ def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str,
     proposed = payload.get("tool_args")
     args = proposed
     # false: the agent cannot apply edited arguments; a quorum: every approver approves the same call
-    quorum = payload.get("quorum")
-    editable = payload.get("editable") is not False and not (isinstance(quorum, int) and not isinstance(quorum, bool) and quorum > 1)
+    editable = payload.get("editable") is not False and quorum_of(payload) == 1
     console.say(f"\nThe agent wants to run: {visible(tool_name)}")
     policy = who_may_approve(payload)
     if policy is not None:
@@ -110,6 +109,22 @@ def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str,
             continue
         reason = console.ask("Reason (optional, Enter to skip): ").strip()
         return {"approved": False, "reason": reason} if reason else {"approved": False}
+
+
+def quorum_of(payload: dict[str, Any]) -> int:
+    """How many keys must approve (``payload["quorum"]``), 1 when it says nothing or nonsense."""
+    return max(approvers.quorum_of({"quorum": payload.get("quorum", 1)}), 1)
+
+
+def answer_own_approval(payload: dict[str, Any], progress: str, console: Console) -> Any:
+    """A key that approved already, under a quorum: it may not approve again, only reject
+    (as the web card offers). Returns the rejection, or ``SKIP`` to leave it waiting."""
+    console.say(f"\nThe agent wants to run: {visible(payload.get('tool_name') or '(unnamed tool)')}")
+    console.say(f"You approved this already ({visible(progress)}); it waits for another key's approval.")
+    if console.ask("Reject it instead? [y/N] ").strip().lower() not in ("y", "yes"):
+        return SKIP
+    reason = console.ask("Reason (optional, Enter to skip): ").strip()
+    return {"approved": False, "reason": reason} if reason else {"approved": False}
 
 
 def answer_user_input(questions: list[dict[str, Any]], console: Console) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from motus.durable.jsonshape import MAX_JSON_DEPTH, json_cost_problem, json_dept
 from motus.models import ChatMessage
 from motus.serve.origin import check_request
 
-from motus.api.approvers import counted, effective, quorum_of
+from motus.api.approvers import approval_record
 from motus.api.schemas import (
     Approval,
     AuditEntry,
@@ -303,41 +303,30 @@ def _summary(parts: list[str], total: int | None = None) -> str:
 
 
 def _shown_payload(payload: Any) -> Any:
-    """An interrupt's payload as clients see it: with the operator's approval policy for it
-    (``--approval-policy``) in place of what the tool declared."""
-    policy = _server().approval_policy
-    return policy.shown(payload) if policy is not None else payload
+    """An interrupt's payload as clients see it: with the policy the server enforces (the
+    operator's ``--approval-policy`` fields in place of what the tool declared)."""
+    return _server().turns.shown_payload(payload)
 
 
-def _policy(item: PendingInterrupt) -> Any:
-    """The policy that governs an interrupt: its tool's, with the operator's file's fields in place."""
-    policy_file = _server().approval_policy
-    return effective(item.payload, policy_file.for_payload(item.payload) if policy_file is not None else None)
-
-
-def _counted(item: PendingInterrupt) -> list[Any]:
-    """The approvals towards an interrupt's quorum that still count (keys still able to give them)."""
-    return counted(item.approvals, _policy(item), _server().turns.key_roles) if item.approvals else []
-
-
-def _quorum_fields(item: PendingInterrupt) -> dict[str, Any]:
-    """An interrupt's ``approvals`` and ``approvals_needed`` when its policy (the operator's
-    file's fields in place of its tool's) asks for a quorum; nothing otherwise."""
-    quorum = quorum_of(_policy(item))
+def _quorum_fields(item: PendingInterrupt, sender: str | None) -> dict[str, Any]:
+    """An interrupt's ``approvals`` (those that count) and ``approvals_needed`` when its
+    policy asks for a quorum; nothing otherwise. ``sender``: the key that sent the turn's
+    message (its approval does not count where the policy forbids it)."""
+    quorum, given = _server().turns.quorum_state(item.payload, item.approvals, sender)
     if quorum <= 1:
         return {}
-    given = [Approval(by=str(a.get("by")), at=isoformat(a.get("at"))) for a in _counted(item)]
     # At least one: a quorum met already (lowered since it was asked) waits for the approval that completes it.
-    return {"approvals": given, "approvals_needed": max(quorum - len(given), 1)}
+    return {"approvals": [Approval(**approval_record(a, isoformat)) for a in given], "approvals_needed": max(quorum - len(given), 1)}
 
 
-def _session_response(view: SessionView) -> SessionResponse:
+def _session_response(view: SessionView, sender: str | None = None) -> SessionResponse:
+    """A session as the API shows it; ``sender``: the key that sent its live turn's message."""
     interrupts = None
     if view.status is SessionStatus.INTERRUPTED:
         interrupts = [
             InterruptInfo(
                 interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
-                created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item),
+                created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item, sender),
             )
             for item in view.interrupts
         ]
@@ -519,11 +508,13 @@ def get_session(session_id: str) -> Response:
         with _long_poll_slot():
             turns.wait(session_id, timeout)  # until it changes; what it is then is read below
     view, live = turns.get_with_live(session_id)  # one moment: interrupts and steps agree
-    response = _session_response(view)
+    response = _session_response(view, live.by if live is not None else None)
     if view.status in (SessionStatus.RUNNING, SessionStatus.INTERRUPTED) and live is not None:
+        quorum = {item.interrupt_id: info.model_dump(mode="json", include={"approvals", "approvals_needed"})
+                  for item, info in zip(view.interrupts, response.interrupts or []) if info.approvals is not None}
         response.turn = describe_turn(
             live.turn_id, live.message, live.journal, isoformat, live.started_at, live.by, live.history_at,
-            approvals={item.interrupt_id: _counted(item) for item in view.interrupts}, shown=_shown_payload,
+            quorum=quorum, shown=_shown_payload,
         )
     return _json(response)
 
@@ -594,7 +585,7 @@ def inbox() -> Response:
         seen[entry.session_id] += 1
         items.append(InboxItem(
             session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
-            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item),
+            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item, context.by),
             context=InboxContext(
                 session_title=context.title, message=message_text(context.message), sent_by=context.by,
                 sent_at=isoformat(context.started_at), agent_text=context.agent_text,
@@ -646,12 +637,11 @@ def audit(session_id: str) -> Response:
 
 def _audit_data(data: dict[str, Any]) -> dict[str, Any]:
     """An audit record's fields as clients read them: a quorum's approvals with ISO times."""
-    approvals = data.get("approvals")
-    if isinstance(approvals, list):
-        data = {**data, "approvals": [
-            {"by": a.get("by"), "at": isoformat(a.get("at"))} if isinstance(a, dict) else a for a in approvals
-        ]}
-    return data
+    shown = dict(data)
+    for key in ("approvals", "not_counted"):
+        if isinstance(data.get(key), list):
+            shown[key] = [approval_record(a, isoformat) if isinstance(a, dict) else a for a in data[key]]
+    return shown
 
 
 # -- errors ---------------------------------------------------------------------------------

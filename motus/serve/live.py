@@ -100,11 +100,12 @@ def model_reply(reply: Any) -> dict[str, Any] | None:
 
 
 def describe_step(
-    entry: JournalEntry, isoformat: Any, approvals: Any = (), shown: Callable[[Any], Any] = lambda payload: payload
+    entry: JournalEntry, isoformat: Any, quorum: Mapping[str, Any] | None = None,
+    shown: Callable[[Any], Any] = lambda payload: payload,
 ) -> dict[str, Any]:
     """One step of a live turn. An interrupt's payload as ``shown`` makes it (the server's
-    approval policy in place of the tool's), and a pending one's ``approvals`` towards a
-    quorum, if any."""
+    approval policy in place of the tool's), and a pending one's ``quorum`` fields, if it
+    has a quorum (``approvals``, ``approvals_needed``, as the session shows them)."""
     step: dict[str, Any] = {"seq": entry.seq, "kind": entry.kind, "label": entry.label}
     if entry.kind == INTERRUPT:
         step.update(interrupt_id=entry.ref, type=entry.label, payload=shown(entry.payload), created_at=isoformat(entry.created_at))
@@ -112,9 +113,7 @@ def describe_step(
             kind, value = _outcome(entry)
             step.update(status="resolved", by=entry.answered_by, at=isoformat(entry.answered_at), value=_shown(value))
         else:
-            step.update(status="pending", expires_at=isoformat(entry.expires_at))
-            if approvals:
-                step["approvals"] = [{"by": a.get("by"), "at": isoformat(a.get("at"))} for a in approvals]
+            step.update(status="pending", expires_at=isoformat(entry.expires_at), **(quorum or {}))
         return step
     if not entry.done:
         step["status"] = "running"
@@ -191,7 +190,7 @@ def describe_turn(
     started_at: float | None = None,
     by: str | None = None,
     history_at: int | None = None,
-    approvals: Mapping[str, Any] | None = None,
+    quorum: Mapping[str, Mapping[str, Any]] | None = None,
     shown: Callable[[Any], Any] = lambda payload: payload,
 ) -> dict[str, Any]:
     """The ``turn`` object: the message that started it, when and by whom (the name of the
@@ -201,13 +200,13 @@ def describe_turn(
     ``history_at`` lets a client that reads the session and then its messages tell that the
     turn ended between the two reads (the history is longer than ``history_at``): it then
     shows the stored messages, not the turn's steps beside them (which showed the reply
-    twice). ``approvals``: per interrupt id, the approvals given towards its quorum;
-    ``shown``: an interrupt's payload as clients see it."""
+    twice). ``quorum``: per interrupt id with a quorum, its ``approvals`` and
+    ``approvals_needed``; ``shown``: an interrupt's payload as clients see it."""
     return {
         "turn_id": turn_id,
         "started_at": isoformat(started_at),
         "sent_by": by,
         "history_at": history_at,
         "message": message,
-        "steps": [describe_step(entry, isoformat, (approvals or {}).get(entry.ref or "", ()), shown) for entry in _in_order(journal)],
+        "steps": [describe_step(entry, isoformat, (quorum or {}).get(entry.ref or ""), shown) for entry in _in_order(journal)],
     }

@@ -33,8 +33,10 @@ from motus.durable.records import JournalEntry
 #: keeps a session's history as a row a message (``messages`` / ``motus_messages``), so a
 #: turn writes only what it changed; the ``state`` column of earlier versions holds ``''``.
 #: 4 adds a session's title and who sent which of its messages (``sessions.title``,
-#: ``sessions.senders``; NULL in rows written before them).
-SCHEMA_VERSION = 4
+#: ``sessions.senders``; NULL in rows written before them). 5 lets a live turn's column carry
+#: the approvals given towards a quorum (``TurnRecord.approvals``): an instance of version 4
+#: would neither count them nor keep them, so it refuses to start on such a store.
+SCHEMA_VERSION = 5
 
 #: How many events a store keeps for clients that reconnect (``Last-Event-ID``); older ones
 #: are pruned, and a client asking for them is told to reload (a ``reset`` event).
@@ -183,7 +185,7 @@ class Event:
     ``seq`` is assigned by the store when it commits: strictly increasing, never reused."""
 
     session_id: str
-    kind: str  # status | interrupt | resolved | message | error | grant | revoke | deleted
+    kind: str  # status | interrupt | resolved | approval | message | error | grant | revoke | title | deleted
     data: dict[str, Any]
     at: float  # wall clock
     seq: int = 0

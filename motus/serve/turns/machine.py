@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from motus.api.approvers import counted, effective, is_approval, progress, quorum_of, quorum_refusal, refusal, unrememberable
+from motus.api.approvers import approval_record, counted, effective, is_approval, progress, quorum_of, quorum_refusal, refusal, unrememberable
 from motus.api.titles import derived_title
 from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, Unprocessable, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
@@ -147,7 +147,7 @@ class Machine:
         self._cache_limit = session_cache if isinstance(store, DurableStore) else 0
         #: What the inbox last showed of each session (its pending interrupt ids), so that a
         #: publish wakes inbox long polls only when that changed (``_announce``).
-        self._inboxed: dict[str, dict[str, str]] = {}  # session -> interrupt id -> type
+        self._inboxed: dict[str, dict[str, str]] = {}  # session -> "interrupt id#approvals" -> type
         self._inboxed_lock = threading.Lock()
         #: Turns that began to wait on a person with a process (``_park_over_budget``).
         self._live_waiting: dict[Turn, None] = {}
@@ -363,6 +363,27 @@ class Machine:
         if turn.deadline is not None:
             self.timers.schedule(turn.deadline, "timeout", turn)
 
+    def override_for(self, payload: Any) -> Any:
+        """The operator's policy file's table for an interrupt with this payload, or None."""
+        return self.approval_policy.for_payload(payload) if self.approval_policy is not None else None
+
+    def policy_for(self, payload: Any) -> Any:
+        """The policy that governs an interrupt (``motus.api.approvers.effective``): its
+        tool's, with the file's fields in place; None when nothing restricts who answers."""
+        return effective(payload, self.override_for(payload))
+
+    def shown_payload(self, payload: Any) -> Any:
+        """An interrupt's payload as clients see it: with the policy the server enforces."""
+        return self.approval_policy.shown(payload) if self.approval_policy is not None else payload
+
+    def quorum_state(self, payload: Any, approvals: Any, sender: str | None) -> tuple[int, list[Any]]:
+        """An interrupt's quorum (1: none) and the approvals given so far that count
+        (``motus.api.approvers.counted``: keys still here with the role, not the sender
+        where the policy forbids it)."""
+        policy = self.policy_for(payload)
+        quorum = quorum_of(policy)
+        return quorum, (counted(approvals, policy, self.key_roles, sender) if quorum > 1 and approvals else [])
+
     def _allowed_grants(self, grants: Any) -> tuple[str, ...]:
         """The grants a turn may use (``ApprovalPolicy.allowed_grants``; all without a file)."""
         if self.approval_policy is None:
@@ -379,7 +400,8 @@ class Machine:
         self, session_id: str, interrupt_id: str, value: Any, by: str = ANONYMOUS, roles: frozenset[str] = frozenset()
     ) -> Answered:
         """Answer one pending interrupt on behalf of ``by`` (a key's name, with ``roles``);
-        returns the status this left the session in. An interrupt whose payload names who
+        returns ``Answered``: the status this left the session in, and where a quorum
+        stands if this was one approval of several. An interrupt whose payload names who
         may answer it (``motus.api.approvers``) refuses anyone else with ``NotAnApprover``
         (403), changing nothing. One that needs a quorum of approvals records each approval
         before the last (``_approve_partly_locked``) and stays pending; the last approval, or
@@ -404,46 +426,43 @@ class Machine:
                 if entry is None or turn is None:
                     raise self._not_pending(session, interrupt_id)
                 take = turn.state is TurnState.ELSEWHERE
-            override = self.approval_policy.for_payload(entry.payload) if self.approval_policy else None
+            override = self.override_for(entry.payload)
             why = refusal(entry.payload, by, roles, turn.by, override)
             if why is not None:
                 raise NotAnApprover(f"Forbidden: {why}")
             why = unrememberable(entry.payload, value, override)
             if why is not None:
                 raise Unprocessable(why)
-            policy = effective(entry.payload, override)
-            quorum = quorum_of(policy)
-            given = counted(turn.approvals.get(interrupt_id, ()), policy, self.key_roles) if quorum > 1 else []
+            quorum, given = self.quorum_state(entry.payload, turn.approvals.get(interrupt_id, ()), turn.by)
             refused = quorum_refusal(entry.payload, value, by, [a.get("by") for a in given], quorum)
             if refused is not None:
                 status, why = refused
                 raise NotAnApprover(f"Forbidden: {why}") if status == 403 else Unprocessable(why)
             if quorum > 1 and is_approval(entry.payload, value) and len(given) + 1 < quorum:
                 return self._approve_partly_locked(session, turn, entry, value, by, quorum, given, after)
-            return Answered(self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take,
-                                                 counted=given if quorum > 1 else None))
+            return Answered(self._resolve_locked(session, turn, entry, len(pending) == 1, value, by, after, take=take))
 
         return self._attempt(session_id, resume)
 
     def _approve_partly_locked(
         self, session: Session, turn: Turn, entry: JournalEntry, value: Any, by: str, quorum: int,
-        counted: list[Any], after: After,
+        given_before: list[Any], after: After,
     ) -> Answered:
         """One approval towards a quorum, not the last: committed in the turn's row (so a
         restart, a replay or another instance keeps it) with its audit record and an
-        ``approval`` event; the interrupt stays pending and the turn waits on. ``counted``:
-        the approvals given before that still count (``motus.api.approvers.counted``)."""
+        ``approval`` event; the interrupt stays pending and the turn waits on.
+        ``given_before``: the approvals given before that still count (``quorum_state``)."""
         now = self._clock()
         interrupt_id = entry.ref or ""
         mine = {"by": by, "at": now}
         approvals = {**turn.approvals, interrupt_id: (*turn.approvals.get(interrupt_id, ()), mine)}
-        given = [*counted, mine]
+        given = [*given_before, mine]
         names = [a["by"] for a in given]
         events = [session.event("approval", now, interrupt_id=interrupt_id, type=entry.label, by=by, approvals=names,
                                 quorum=quorum, progress=progress(quorum, names), turn_id=turn.turn_id)]
         audit = [AuditRecord(session.session_id, "approval", now, by, {
             "interrupt_id": interrupt_id, "type": entry.label, "payload": entry.payload, "value": value,
-            "approvals": [{"by": a.get("by"), "at": a.get("at")} for a in given], "quorum": quorum,
+            "approvals": [approval_record(a) for a in given], "quorum": quorum,
             "turn_id": turn.turn_id, "history_at": len(session.state),
         })]
         self._save(session, session.record(touched=now, turn=turn.record(approvals)), (), events, audit)
@@ -454,12 +473,13 @@ class Machine:
 
     def _resolve_locked(
         self, session: Session, turn: Turn, entry: JournalEntry, last: bool, value: Any, by: str, after: After,
-        expired: bool = False, take: bool = False, counted: list[Any] | None = None,
+        expired: bool = False, take: bool = False,
     ) -> SessionStatus:
         """One pending interrupt answered (by a person, or by its timeout with its default):
         commit the answer with its audit record, its events and any grant it gives, then
-        pass the value on (now, or when the turn gets a slot, or by replay). ``counted``:
-        under a quorum, the approvals before this answer that count (else all given)."""
+        pass the value on (now, or when the turn gets a slot, or by replay). Under a quorum
+        the audit record lists the approvals that counted (``approvals``, this answer's too
+        when it approved) and those given that no longer did (``not_counted``)."""
         now = self._clock()
         interrupt_id = entry.ref or ""
         packed = entry.default if expired and entry.default is not None else pack(("ok", value))
@@ -474,12 +494,16 @@ class Machine:
             # ends): a client places the record among that turn's messages, not an earlier one's.
             "turn_id": turn.turn_id, "history_at": len(session.state),
         })]
-        given = turn.approvals.get(interrupt_id, ()) if counted is None else counted
+        raw = turn.approvals.get(interrupt_id, ())
+        quorum, given = self.quorum_state(entry.payload, raw, turn.by)
         approvals = {ref: a for ref, a in turn.approvals.items() if ref != interrupt_id}
-        if given:  # a quorum: the record lists every approval, this answer's too when it is one
+        if quorum > 1:
             again = any(a.get("by") == by for a in given)  # a quorum met already, completed by one who gave it
             every = [*given, {"by": by, "at": now}] if not expired and not again and is_approval(entry.payload, value) else list(given)
-            audit[0].data["approvals"] = [{"by": a.get("by"), "at": a.get("at")} for a in every]
+            audit[0].data["approvals"] = [approval_record(a) for a in every]
+            dropped = [approval_record(a) for a in raw if a not in given]
+            if dropped:
+                audit[0].data["not_counted"] = dropped
         grants = session.grants
         tool = remembered_tool(entry.payload, value)
         if tool is not None:
@@ -511,8 +535,7 @@ class Machine:
         """An interrupt as events and webhooks show it: with the policy the server enforces
         (the operator's file's fields in place of the tool's)."""
         shown = interrupt_data(entry)
-        if self.approval_policy is not None:
-            shown["payload"] = self.approval_policy.shown(shown["payload"])
+        shown["payload"] = self.shown_payload(shown["payload"])
         return shown
 
     def _deliver_locked(self, session: Session, turn: Turn, message: Resume, last: bool, after: After) -> None:

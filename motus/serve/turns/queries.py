@@ -253,13 +253,11 @@ class LiveTurn(NamedTuple):
     started_at: float | None
     by: str | None
     history_at: int  # the history's length: where the turn's messages will start
-    approvals: dict[str, tuple[dict[str, Any], ...]]  # towards a quorum, per interrupt id
 
 
 def _live_turn(session: Session) -> LiveTurn | None:
     turn = session.turn
     if turn is None or turn.state is TurnState.ENDED:
         return None
-    return LiveTurn(turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by, len(session.state),
-                    dict(turn.approvals))
+    return LiveTurn(turn.turn_id, turn.message, list(turn.journal.values()), turn.started_at, turn.by, len(session.state))
 

@@ -658,9 +658,10 @@ def test_a_two_person_approval_says_where_it_stands_and_waits_for_the_second(sta
     bob.expect_literal("[info] your approval counted: 1 of 2 approvals: bob; the call waits for 1 more from another key")
     bob.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
     bob.expect_literal("> ")
-    bob.send("")  # looking again: bob is not asked a second time
-    bob.expect_literal("[info] you approved this already (1 of 2 approvals); it needs another key's; "
-                       "it waits for someone who may answer it")
+    bob.send("")  # looking again: bob is not asked to approve a second time, only whether to reject
+    bob.expect_literal("You approved this already (1 of 2 approvals: bob); it waits for another key's approval.")
+    bob.expect_literal("Reject it instead? [y/N] ")
+    bob.send("")
     bob.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
     bob.expect_literal("> ")
     [session] = carol.get("/sessions").json()

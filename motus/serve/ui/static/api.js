@@ -43,6 +43,8 @@ function openAuthForm(refused, resolve) {
     form.removeEventListener("submit", submit);
     auth.key = key;
     sessionStorage.setItem(KEY_STORAGE, key);
+    // Another key may be another person: who it is is asked again (app.js, GET /whoami).
+    window.dispatchEvent(new Event("motus:key"));
     overlay.hidden = true;
     $("app").inert = false;
     resolve();

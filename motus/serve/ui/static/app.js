@@ -48,24 +48,32 @@ import { navigate, route, wakeLoop } from "./loop.js";
 import { renderStatus } from "./conversation.js";
 import { refreshSessionList, createSession, deleteSession, sendMessage, wireDeleteDialog } from "./sessions.js";
 import { toggleAudit } from "./audit.js";
+import { refreshInbox } from "./inbox.js";
 
 // ---------------------------------------------------------------- wiring
 
 /** Who this tab's key is (GET /whoami), so cards offer only the answers it may give; an
  *  older server without it leaves every control offered (the server checks answers). */
-async function loadMe() {
+async function loadMe(retry = true) {
   try {
     const response = await api("GET", "whoami");
-    if (!response.ok) return;
+    if (!response.ok) return; // an older server: every control is offered, the server decides
     const me = await readJson(response);
     if (me && typeof me.name === "string") {
       server.me = me;
       wakeLoop();
+      refreshInbox();
     }
   } catch {
-    // Not reachable now: the cards offer every control, as before; the server still decides.
+    // Not reachable now: the cards offer every control meanwhile; asked once more shortly.
+    if (retry) setTimeout(() => loadMe(false), 3000);
   }
 }
+
+window.addEventListener("motus:key", () => {
+  server.me = null;
+  loadMe();
+});
 
 function init() {
   // The skip link must not touch the URL's hash: the hash names the open session.

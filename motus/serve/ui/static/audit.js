@@ -29,7 +29,7 @@ function describe(record) {
     // An approval towards a quorum ("approval") says where it stood; a resolution lists them all.
     const count = record.kind === "approval" && Array.isArray(record.approvals) && Number.isInteger(record.quorum) ? ` (${record.approvals.length} of ${record.quorum} approvals)` : "";
     const all = record.kind === "resolved" && Array.isArray(record.approvals) && record.approvals.length ? ` (approvals: ${record.approvals.map((a) => String(a && a.by)).join(", ")})` : "";
-    return [approved ? "Approved " : "Rejected ", el("code", {}, visibleText(payload.tool_name)), record.reason === "timeout" ? " (timed out)" : "", count, all];
+    return [approved ? "Approved " : "Rejected ", el("code", {}, visibleText(payload.tool_name)), record.reason === "timeout" ? " (timed out)" : "", count, ...visibleText(all)];
   }
   return ["Answered ", el("code", {}, visibleText(record.type || payload.type || "interrupt")), record.reason === "timeout" ? " (timed out)" : ""];
 }

@@ -136,10 +136,9 @@ async function resume(card, interrupt, value) {
     if (body && Number.isInteger(body.approvals_needed)) {
       // One approval of several: the interrupt waits for other keys, so the card stays.
       setBusy(card, false);
-      const given = Array.isArray(interrupt.approvals) ? interrupt.approvals : [];
-      const me = server.me && typeof server.me.name === "string" ? server.me.name : null;
-      if (me !== null) interrupt.approvals = [...given, { by: me }];
-      updateCard(card, interrupt, card.sentBy);
+      card.approvedHere = true; // no Approve again; the next read shows the approvals as the server counts them
+      updateCard(card, { ...interrupt, approvals_needed: body.approvals_needed }, card.sentBy);
+      if (hadFocus) card.querySelector(".card-title").focus();
       announce(typeof body.detail === "string" ? body.detail : "Your approval was recorded; it needs more.");
       card.cardError.textContent = "";
       if (!card.onAnswered) wakeLoop(); // the Inbox is woken by the approval's event
@@ -222,6 +221,15 @@ function whoMayApprove(payload) {
   return parts.length ? `Who may approve: ${parts.join(", ")}` : null;
 }
 
+/** Show ``text`` in ``node`` (hidden characters marked, as everywhere), hidden when empty. */
+function setText(node, text) {
+  if (node.dataset.text !== text) {
+    node.dataset.text = text;
+    node.replaceChildren(...visibleText(text));
+  }
+  node.hidden = !text;
+}
+
 const quorumOf = (payload) => (Number.isInteger(payload.quorum) && payload.quorum > 1 ? payload.quorum : 1);
 
 /** Why this tab's key cannot answer the interrupt at all (a sentence), or null: it may,
@@ -258,16 +266,16 @@ export function updateCard(card, interrupt, sentBy) {
   const progress = card.querySelector(".card-progress");
   if (progress) {
     const text = quorum > 1 ? `${given.length} of ${quorum} approvals${given.length ? `: ${given.join(", ")}` : ""}` : "";
-    if (progress.textContent !== text) progress.textContent = text;
-    progress.hidden = !text;
+    setText(progress, text);
   }
   const why = cannotAnswer(payload, sentBy);
   const me = server.me && typeof server.me.name === "string" ? server.me.name : null;
-  const approvedByMe = quorum > 1 && me !== null && given.includes(me);
+  // This tab's own approval (its response said so) counts before the next read shows it.
+  const approvedByMe = quorum > 1 && ((me !== null && given.includes(me)) || card.approvedHere === true);
+  const needed = Number.isInteger(interrupt.approvals_needed) ? interrupt.approvals_needed : Math.max(quorum - given.length, 1);
   const cannot = card.querySelector(".card-cannot");
-  const note = why || (approvedByMe ? `You approved this; it needs ${quorum - given.length} more from another key. You may still reject it.` : "");
-  if (cannot && cannot.textContent !== note) cannot.textContent = note;
-  if (cannot) cannot.hidden = !note;
+  const note = why || (approvedByMe ? `You approved this; it needs ${needed} more from another key. You may still reject it.` : "");
+  if (cannot) setText(cannot, note);
   for (const part of card.querySelectorAll(".answer-part")) part.hidden = Boolean(why);
   for (const part of card.querySelectorAll(".approve-part")) part.hidden = Boolean(why) || approvedByMe;
 }
@@ -352,7 +360,7 @@ function approvalCard(interrupt, payload) {
     // A tool that names who may approve each call is never remembered (the server refuses it).
     ...(policy ? [] : [el(
       "div",
-      { class: "field check remember-field" },
+      { class: "field check remember-field answer-part" },
       remember,
       el("label", { for: rememberId }, "Remember for this session: approve later calls of ", el("code", {}, visibleText(payload.tool_name)), " without asking"),
     )]),

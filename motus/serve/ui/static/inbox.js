@@ -53,6 +53,11 @@ export function closeInbox() {
   return true;
 }
 
+/** Read the inbox again now (what a card may offer changed: the key, say). */
+export function refreshInbox() {
+  wake();
+}
+
 function wake() {
   inbox.dirty = true;
   if (inbox.wake) {
@@ -138,7 +143,7 @@ async function streamLoop(generation) {
           wake();
         },
         onEvent: (event) => {
-          if (current() && ["ready", "reset", "interrupt", "resolved", "status", "title"].includes(event.kind)) wake();
+          if (current() && ["ready", "reset", "interrupt", "resolved", "approval", "status", "title"].includes(event.kind)) wake();
         },
       });
     } catch {

@@ -342,6 +342,7 @@ function onEvent(sid, event) {
       showInterruptNow(data);
       break;
     case "resolved":
+    case "approval":
     case "grant":
     case "revoke":
       view.auditDirty = true;

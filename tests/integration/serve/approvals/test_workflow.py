@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -610,7 +611,7 @@ def test_a_two_person_rule_records_the_first_approval_and_runs_the_call_on_a_sec
         assert body["status"] == "interrupted" and [a["by"] for a in waiting["approvals"]] == ["bob"], body
         assert waiting["approvals_needed"] == 1 and waiting["approvals"][0]["at"].endswith("Z"), waiting
         [step] = [s for s in body["turn"]["steps"] if s["kind"] == "interrupt"]
-        assert [a["by"] for a in step["approvals"]] == ["bob"], step
+        assert [a["by"] for a in step["approvals"]] == ["bob"] and step["approvals_needed"] == 1, step
         [listed] = [i for i in keys[reader].get("/interrupts").json() if i["session_id"] == session_id]
         assert [a["by"] for a in listed["approvals"]] == ["bob"] and listed["approvals_needed"] == 1, listed
     for name, value, status, why in (
@@ -639,6 +640,41 @@ def test_a_two_person_rule_records_the_first_approval_and_runs_the_call_on_a_sec
     assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("resolved", "carol")], audit
     assert [a["by"] for a in audit[0]["approvals"]] == ["bob"] and audit[0]["quorum"] == 2 and audit[0]["interrupt_id"] == interrupt_id
     assert [a["by"] for a in audit[1]["approvals"]] == ["bob", "carol"], audit[1]
+
+
+def test_two_approvals_given_at_the_same_moment_both_count_and_run_the_call_once(
+    shared: Callable[..., Server], shared_sandbox: Path
+) -> None:
+    """bob and carol approve at the same moment, on two instances of one PostgreSQL database
+    (or one server): one answer records the first approval, the other completes the quorum
+    (neither approval is lost to the other's write), and the call runs once; five times."""
+    server = shared(CALLS, *KEYS_WITH_ROLES, env=env(shared_sandbox))
+    keys = as_keys(server)
+    urls = [server.url, *(other.url for other in getattr(server, "others", []))]
+    for _ in range(5):
+        amount = str(uuid.uuid4().int % 10**9)
+        session_id = start(keys["alice"], f"release_funds {amount}")
+        [item] = pending(keys["alice"], session_id)
+        gate = threading.Barrier(2)
+        answers: dict[str, requests.Response] = {}
+
+        def approve_as(name: str, url: str) -> None:
+            gate.wait(timeout=10)
+            answers[name] = requests.post(f"{url}/sessions/{session_id}/resume", timeout=30,
+                                          headers={"Authorization": f"Bearer {ROLE_SECRETS[name]}"},
+                                          json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
+
+        threads = [threading.Thread(target=approve_as, args=(name, url)) for name, url in (("bob", urls[0]), ("carol", urls[-1]))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(answer.json()["status"] for answer in answers.values()) == ["interrupted", "running"], {
+            name: answer.text for name, answer in answers.items()}
+        assert keys["alice"].wait_for_status(session_id, "idle")["response"]["content"] == f"released {amount}"
+        assert ran(shared_sandbox, "release_funds").count(amount) == 1
+        audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
+        assert sorted(a["by"] for a in audit[-1]["approvals"]) == ["bob", "carol"], audit
 
 
 def test_one_rejection_resolves_a_two_person_approval_as_rejected(shared: Callable[..., Server], shared_sandbox: Path) -> None:
@@ -715,7 +751,7 @@ def test_an_approval_from_a_key_removed_since_no_longer_counts(one_server: Calla
     assert waiting["approvals"] == [] and waiting["approvals_needed"] == 2, waiting
     body = keys["alice"].get(f"/sessions/{session_id}").json()
     [step] = [s for s in body["turn"]["steps"] if s["kind"] == "interrupt"]
-    assert "approvals" not in step, step  # the live turn says the same
+    assert step["approvals"] == [] and step["approvals_needed"] == 2, step  # the live turn says the same
     first = resume(keys["carol"], session_id, item["interrupt_id"], {"approved": True})
     assert first.status_code == 200 and first.json()["approvals_needed"] == 1, first.text
     assert ran(sandbox, "release_funds") == []
@@ -724,6 +760,7 @@ def test_an_approval_from_a_key_removed_since_no_longer_counts(one_server: Calla
     audit = keys["alice"].get(f"/sessions/{session_id}/audit").json()
     assert [(r["kind"], r["by"]) for r in audit] == [("approval", "bob"), ("approval", "carol"), ("resolved", "erin")], audit
     assert [a["by"] for a in audit[-1]["approvals"]] == ["carol", "erin"], audit
+    assert [a["by"] for a in audit[-1]["not_counted"]] == ["bob"], audit  # given, then taken back with the key
 
 
 POLICY_FILE = """

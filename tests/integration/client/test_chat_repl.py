@@ -613,6 +613,22 @@ def test_a_second_approver_is_told_what_the_turn_is_about_and_has_history(start_
     assert [(entry["kind"], entry["by"]) for entry in audit] == [("resolved", "bob")]
 
 
+def approve_elsewhere_then_look_again(other: Server, chat: Terminal, reply: str) -> dict:
+    """``other`` (a key's HTTP client) approves the one session's pending interrupt; Enter in
+    ``chat``, paused on it, then shows ``reply``, and the chat quits. Returns the item approved."""
+    [session] = other.get("/sessions").json()
+    [item] = other.get(f"/sessions/{session['session_id']}").json()["interrupts"]
+    answered = other.post(f"/sessions/{session['session_id']}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
+    assert answered.status_code == 200, answered.text
+    other.wait_for_status(session["session_id"], "idle")
+    chat.send("")
+    chat.expect_literal(reply)
+    chat.expect_literal("> ")
+    chat.send("/quit")
+    assert chat.wait_exit() == 0
+    return item
+
+
 def test_an_answer_the_policy_refuses_is_not_asked_and_the_request_waits_for_someone_who_may(start_server, terminal, tmp_path) -> None:
     """``wire_money`` names ``approvers=["finance"]`` and forbids the sender: alice, who sent
     the message and has no role, is not asked; she is told why (the server's own reason) and
@@ -629,16 +645,7 @@ def test_an_answer_the_policy_refuses_is_not_asked_and_the_request_waits_for_som
                          "'finance'; API key 'alice' has none of them; it waits for someone who may answer it")
     alice.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
     alice.expect_literal("> ")
-    [session] = bob.get("/sessions").json()
-    [item] = bob.get(f"/sessions/{session['session_id']}").json()["interrupts"]
-    answered = bob.post(f"/sessions/{session['session_id']}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
-    assert answered.status_code == 200, answered.text
-    bob.wait_for_status(session["session_id"], "idle")
-    alice.send("")
-    alice.expect_literal("wired 7")
-    alice.expect_literal("> ")
-    alice.send("/quit")
-    assert alice.wait_exit() == 0
+    approve_elsewhere_then_look_again(bob, alice, "wired 7")
 
 
 def test_a_two_person_approval_says_where_it_stands_and_waits_for_the_second(start_server, terminal, tmp_path) -> None:
@@ -664,17 +671,8 @@ def test_a_two_person_approval_says_where_it_stands_and_waits_for_the_second(sta
     bob.send("")
     bob.expect_literal("[info] the turn is paused on 1 unanswered interrupt(s)")
     bob.expect_literal("> ")
-    [session] = carol.get("/sessions").json()
-    [item] = carol.get(f"/sessions/{session['session_id']}").json()["interrupts"]
+    item = approve_elsewhere_then_look_again(carol, bob, "released 9")
     assert [a["by"] for a in item["approvals"]] == ["bob"], item
-    answered = carol.post(f"/sessions/{session['session_id']}/resume", json={"interrupt_id": item["interrupt_id"], "value": {"approved": True}})
-    assert answered.status_code == 200, answered.text
-    carol.wait_for_status(session["session_id"], "idle")
-    bob.send("")
-    bob.expect_literal("released 9")
-    bob.expect_literal("> ")
-    bob.send("/quit")
-    assert bob.wait_exit() == 0
 
 
 def test_one_shot_without_a_terminal(server) -> None:

@@ -88,11 +88,16 @@ def quorum_of(policy: Mapping[str, Any] | None) -> int:
     return 0 if quorum_problem(quorum) else quorum
 
 
+def is_tool_approval(payload: Any) -> bool:
+    """Whether an interrupt's payload is a ``tool_approval``: the only kind a tool writes its
+    policy into, and the only kind a quorum counts."""
+    return isinstance(payload, Mapping) and payload.get("type") == "tool_approval"
+
+
 def is_approval(payload: Any, value: Any) -> bool:
     """Whether ``value`` approves a ``tool_approval`` interrupt (as the gate reads it,
     ``motus.tools.approval.parse_approval``): only approvals count towards a quorum."""
-    return (isinstance(payload, Mapping) and payload.get("type") == "tool_approval"
-            and isinstance(value, Mapping) and value.get("approved") is True)
+    return is_tool_approval(payload) and isinstance(value, Mapping) and value.get("approved") is True
 
 
 def quorum_refusal(payload: Any, value: Any, caller: str, approved_by: Iterable[str], quorum: int) -> tuple[int, str] | None:
@@ -103,7 +108,7 @@ def quorum_refusal(payload: Any, value: Any, caller: str, approved_by: Iterable[
     a bool is refused (the gate would read it as a rejection). A rejection always counts. A
     quorum met already (lowered since, or approvals given before a restart) is completed by
     the next approval, whoever of those who may gives it."""
-    if quorum <= 1 or not (isinstance(payload, Mapping) and payload.get("type") == "tool_approval"):
+    if quorum <= 1 or not is_tool_approval(payload):
         return None
     what = describe(payload)
     if not isinstance(value, Mapping) or not isinstance(value.get("approved"), bool):
@@ -117,7 +122,7 @@ def quorum_refusal(payload: Any, value: Any, caller: str, approved_by: Iterable[
     if caller in given and len(given) < quorum:
         return 403, (f"{what} needs approvals from {quorum} different keys, and API key {caller!r} has approved it "
                      f"already; {progress(quorum, given)}")
-    if isinstance(value, Mapping) and value.get("tool_args") is not None:
+    if value.get("tool_args") is not None:
         return 422, (f"{what} needs {quorum} approvals of the same call, so an approval cannot edit its arguments: "
                      "approve it as it is, or reject it")
     return None
@@ -168,7 +173,7 @@ def effective(payload: Any, override: Mapping[str, Any] | None = None) -> Mappin
     a file written to name approvers keeps the quorum the code asks for, and lowers it only
     by saying so (``quorum = 1``). None when nothing restricts who answers."""
     own: dict[str, Any] = {}
-    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval":
+    if is_tool_approval(payload):
         own = {key: payload[key] for key in POLICY_KEYS if key in payload}
     if override is not None:
         return {**own, **override}
@@ -186,7 +191,7 @@ def shown_fields(policy: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def describe(payload: Any) -> str:
     """How a refusal names the interrupt: ``the approval of wire_money``, ``the user_input request``."""
-    if isinstance(payload, Mapping) and payload.get("type") == "tool_approval":
+    if is_tool_approval(payload):
         return f"the approval of {payload.get('tool_name')!s}"
     kind = payload.get("type") if isinstance(payload, Mapping) else None
     return f"the {kind!s} request"

@@ -113,7 +113,7 @@ def answer_tool_approval(payload: dict[str, Any], console: Console) -> dict[str,
 
 def quorum_of(payload: dict[str, Any]) -> int:
     """How many keys must approve (``payload["quorum"]``), 1 when it says nothing or nonsense."""
-    return max(approvers.quorum_of({"quorum": payload.get("quorum", 1)}), 1)
+    return max(approvers.quorum_of(payload), 1)
 
 
 def answer_own_approval(payload: dict[str, Any], progress: str, console: Console) -> Any:

@@ -141,6 +141,13 @@ class Chat:
         self.page.get_by_label("API key", exact=True).fill(key)
         self.page.get_by_role("button", name="Use this key").click()
 
+    def open_with_key(self, key: str, fragment: str = "") -> Chat:
+        """Open the web chat at ``#fragment`` (``/sessions/ID``, ``/inbox``) on a keyed
+        server, answering its API key form with ``key``."""
+        self.page.goto(self.server.url + "/ui/" + (f"#{fragment}" if fragment else ""))
+        self.use_key(key)
+        return self
+
     def send(self, text: str) -> None:
         self.page.get_by_label("Message to the agent").fill(text)
         self.page.get_by_role("button", name="Send", exact=True).click()

@@ -94,9 +94,7 @@ def test_the_record_of_a_decision_stays_in_the_conversation(open_chat, start_ser
         "examples.serving.hitl_agent:agent", "--api-key", "alice=s3cret-alice",
         env={"MOTUS_EXAMPLE_OFFLINE": "1", "MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox")},
     )
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/")
-    chat.use_key("s3cret-alice")
+    chat = open_chat(server).open_with_key("s3cret-alice")
     chat.send("delete the old logs file")
     card = chat.card("Approve this tool call?")
     card.get_by_role("button", name="Approve", exact=True).click()
@@ -192,9 +190,7 @@ def test_the_inbox_groups_items_by_session_with_what_each_turn_asked(open_chat, 
     alice.post(f"/sessions/{second}/messages", json={"content": "delete notes.txt and move old_logs.txt"}).raise_for_status()
     wait_until(lambda: len(alice.get("/interrupts").json()) == 4, what="four pending approvals")
 
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/#/inbox")
-    chat.use_key("s3cret-bob")
+    chat = open_chat(server).open_with_key("s3cret-bob", "/inbox")
     inbox = chat.page.locator("#inbox-list")
     expect(inbox.locator("article.card")).to_have_count(4)
     expect(inbox.locator(".inbox-session")).to_have_count(2)
@@ -273,9 +269,7 @@ def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_s
     wait_until(lambda: alice.get(f"/sessions/{session_id}").json()["status"] == "interrupted", what="the approval")
     sent_at = alice.get(f"/sessions/{session_id}").json()["turn"]["started_at"]
 
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/")
-    chat.use_key("s3cret-bob")
+    chat = open_chat(server).open_with_key("s3cret-bob")
     chat.page.goto(server.url + f"/ui/#/sessions/{session_id}")
     asked = chat.page.locator(".msg.user", has_text="delete the old logs file")
     expect(asked.locator(".who")).to_contain_text("alice")
@@ -310,9 +304,7 @@ def test_a_two_person_approval_shows_its_quorum_and_offers_each_key_only_what_it
     alice.post(f"/sessions/{sid}/messages", json={"content": "release_funds 7"}).raise_for_status()
     [item] = alice.wait_for_status(sid, "interrupted")["interrupts"]
 
-    bob = open_chat(server)
-    bob.page.goto(server.url + f"/ui/#/sessions/{sid}")
-    bob.use_key("s3cret-bob")
+    bob = open_chat(server).open_with_key("s3cret-bob", f"/sessions/{sid}")
     card = bob.card("Approve this tool call?")
     expect(card.locator(".card-policy")).to_have_text("Who may approve: 2 different keys with the role finance")
     expect(card.locator(".card-progress")).to_have_text("0 of 2 approvals")
@@ -325,9 +317,7 @@ def test_a_two_person_approval_shows_its_quorum_and_offers_each_key_only_what_it
     bob.shot("quorum-one-of-two")
     assert [post["value"] for post in bob.resume_posts()] == [{"approved": True}]
 
-    dave = open_chat(server)
-    dave.page.goto(server.url + f"/ui/#/sessions/{sid}")
-    dave.use_key("s3cret-dave")
+    dave = open_chat(server).open_with_key("s3cret-dave", f"/sessions/{sid}")
     other = dave.card("Approve this tool call?")
     expect(other.locator(".card-progress")).to_have_text("1 of 2 approvals: bob")
     expect(other.locator(".card-cannot")).to_have_text("Your key (dave) cannot answer this: it needs the role finance.")

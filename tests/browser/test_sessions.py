@@ -180,9 +180,7 @@ def test_a_session_opened_before_its_key_is_entered_is_read_by_one_loop(open_cha
     alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})
     session_id = alice.post("/sessions", json={}).json()["session_id"]
     alice.post(f"/sessions/{session_id}/messages", json={"content": "hello"}).raise_for_status()
-    chat = open_chat(server)
-    chat.page.goto(server.url + f"/ui/#/sessions/{session_id}")
-    chat.use_key("s3cret-alice")
+    chat = open_chat(server).open_with_key("s3cret-alice", f"/sessions/{session_id}")
     expect(chat.reply("echo: hello")).to_be_visible()
     chat.send("again")
     expect(chat.reply("echo: again")).to_be_visible()

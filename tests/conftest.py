@@ -315,11 +315,38 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeo
 _SHARED_SERVERS: set[int] = set()
 
 
+def keys_to_file(args: tuple[str, ...], folder: Path, name: str) -> tuple[str, ...]:
+    """``args`` with their ``--api-key KEY`` options moved into an ``--api-key-file`` written
+    in ``folder``. The server accepts the same keys either way; what differs is only the
+    start: keys on the command line make ``motus serve start`` execute itself again to take
+    them out of its process listing (a fresh interpreter, ~0.9 s of CPU), which
+    ``tests/integration/serve/hardening/test_hardening.py`` tests once, not in every keyed
+    test. Arguments that already name a key file are left as they are."""
+    if "--api-key-file" in args or not any(arg == "--api-key" or arg.startswith("--api-key=") for arg in args):
+        return args
+    kept: list[str] = []
+    keys: list[str] = []
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--api-key":
+            keys.append(next(rest))
+        elif arg.startswith("--api-key="):
+            keys.append(arg.split("=", 1)[1])
+        else:
+            kept.append(arg)
+    path = folder / name
+    path.write_text("".join(f"{key}\n" for key in keys))
+    return (*kept, "--api-key-file", str(path))
+
+
 class Starter:
-    """``start(agent, *args, env=None, health_timeout=30) -> Server``: launch ``motus serve
-    start`` and wait (up to ``health_timeout`` seconds) until it is healthy. Inside ``with start.together():`` a start only launches; the block's end
-    waits for all of them, so several instances boot at once instead of one after another
-    (their servers must not be used inside the block)."""
+    """``start(agent, *args, env=None, health_timeout=30, keys_on_command_line=False) ->
+    Server``: launch ``motus serve start`` and wait (up to ``health_timeout`` seconds) until
+    it is healthy. ``--api-key`` options reach the server in a key file (``keys_to_file``)
+    unless ``keys_on_command_line``, which also starts a real ``python -m motus`` (a server
+    forked from the launcher's template lists the template's command line, not its own). Inside ``with start.together():`` a start only
+    launches; the block's end waits for all of them, so several instances boot at once
+    instead of one after another (their servers must not be used inside the block)."""
 
     def __init__(self, tmp_dir: Path, shared: bool = False) -> None:
         self._tmp_dir = tmp_dir
@@ -327,11 +354,14 @@ class Starter:
         self.servers: list[Server] = []
         self._pending: list[Server] | None = None  # launched inside ``together``, not yet waited for
 
-    def __call__(self, agent: str, *args: str, env: dict[str, str] | None = None, health_timeout: float = 30.0) -> Server:
+    def __call__(self, agent: str, *args: str, env: dict[str, str] | None = None, health_timeout: float = 30.0,
+                 keys_on_command_line: bool = False) -> Server:
         port = free_port()
         log_path = self._tmp_dir / f"server-{len(self.servers)}.log"
+        if not keys_on_command_line:
+            args = keys_to_file(args, self._tmp_dir, f"server-{len(self.servers)}.keys")
         command = ["serve", "start", agent, "--port", str(port), *args]
-        if launcher.usable(env):
+        if launcher.usable(env) and not keys_on_command_line:
             process = launcher.start(command, log_path, server_env(env), ROOT, base_env=server_env())
         else:
             process = launch(command, log_path, env)

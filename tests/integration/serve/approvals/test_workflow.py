@@ -30,6 +30,14 @@ EXPIRING = "tests.agents.approval:expiring"
 TWO = "tests.agents.approval:two_questions"
 OPS, VIEWER = "ops-secret-1", "viewer-secret-2"
 
+#: For a test whose subject is one server's own handling (a refusal that names the problem,
+#: a key's name, a webhook's signature, an option's cap), not state the instances share:
+#: ``start_server`` / ``shared`` narrowed to their one-server parameter, so it runs once.
+#: Everything an instance may see of another's work (streams, the inbox, grants, approvals
+#: and quorums, expiry, the live turn) still runs on both.
+ONE_SERVER = pytest.mark.parametrize("start_server", ["one-server"], indirect=True)
+ONE_SHARED_SERVER = pytest.mark.parametrize("shared", ["one-server"], indirect=True)
+
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -39,7 +47,8 @@ def start_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
     """Every test runs twice: against one server, and against two instances on one
     PostgreSQL database, each request going to the next instance in turn (event streams
     are read from the first, so they show what the other did). A test that names its own
-    ``--store`` (a restart on a SQLite file) uses ``one_server`` instead."""
+    ``--store`` (a restart on a SQLite file) uses ``one_server`` instead; one marked
+    ``ONE_SERVER`` runs on the first parameter only."""
     with server_factory(tmp_path) as start:
         if request.param == "one-server":
             yield start
@@ -265,6 +274,7 @@ def test_a_deleted_session_ends_its_stream(shared: Callable[..., Server], shared
         stream.next()
 
 
+@ONE_SERVER
 def test_max_streams_holds_and_resumes_still_get_through(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
     """Streams that wait on threads (``--max-waiting 0``: none held without one) stop at
     ``--max-streams``. (Held streams: ``tests/integration/serve/http/test_held_waits.py``.)"""
@@ -284,6 +294,7 @@ def test_max_streams_holds_and_resumes_still_get_through(start_server: Callable[
 
 
 @pytest.mark.parametrize("query", ["after=abc", "after=-1", "after=1e3"])
+@ONE_SHARED_SERVER
 def test_a_bad_event_cursor_is_a_400_naming_it(shared: Callable[..., Server], query: str) -> None:
     server = shared(CALLS)  # its own: no other test opens a stream on it
     response = server.get(f"/events?{query}")
@@ -348,6 +359,7 @@ def test_an_interrupt_with_a_timeout_resolves_itself_with_its_default(start_serv
     assert late.status_code == 404 and "expired" in late.json()["detail"]
 
 
+@ONE_SERVER
 def test_an_unanswered_approval_times_out_as_a_rejection_and_the_tool_never_runs(start_server: Callable[..., Server], sandbox: Path) -> None:
     server = start_server(CALLS, env=env(sandbox, MOTUS_TEST_APPROVAL_TIMEOUT="0.5"))
     session_id = start(server, "send_money 100")
@@ -431,6 +443,7 @@ def test_a_grant_survives_a_restart(one_server: Callable[..., Server], sandbox: 
 # -- named keys, read-only keys, the audit --------------------------------------------------
 
 
+@ONE_SERVER
 def test_named_keys_are_recorded_and_a_read_only_key_may_only_watch(start_server: Callable[..., Server], sandbox: Path, streams) -> None:
     plain = start_server(CALLS, "--api-key", f"ops={OPS}", "--api-key", f"viewer={VIEWER}:read", env=env(sandbox))
     ops = plain.with_headers({"Authorization": f"Bearer {OPS}"})
@@ -464,6 +477,7 @@ def test_named_keys_are_recorded_and_a_read_only_key_may_only_watch(start_server
     assert ops.get("/sessions/00000000-0000-0000-0000-000000000000/audit").status_code == 404
 
 
+@ONE_SERVER
 def test_a_bare_key_is_named_default(start_server: Callable[..., Server], sandbox: Path) -> None:
     server = start_server(CALLS, "--api-key", OPS, env=env(sandbox)).with_headers({"Authorization": f"Bearer {OPS}"})
     session_id = start(server, "delete_file a")
@@ -546,6 +560,7 @@ def test_the_key_that_sent_the_message_may_not_answer_where_the_tool_forbids_it(
     assert [r["by"] for r in keys["carol"].get(f"/sessions/{session_id}/audit").json()] == ["carol"]
 
 
+@ONE_SHARED_SERVER
 def test_a_server_without_keys_refuses_answers_a_policy_restricts(shared: Callable[..., Server], shared_sandbox: Path) -> None:
     """Without API keys everyone is ``anonymous`` with no role: nobody can be told apart, so
     a restricted approval is refused (403 naming why) rather than open to all."""
@@ -775,6 +790,7 @@ self_approval = false
 """
 
 
+@ONE_SHARED_SERVER
 def test_the_operators_policy_file_wins_over_the_tools_code_and_is_what_clients_see(
     shared: Callable[..., Server], shared_sandbox: Path
 ) -> None:
@@ -838,6 +854,7 @@ def test_a_grant_given_before_the_policy_file_does_not_run_a_tool_it_covers_afte
     assert keys["dave"].wait_for_status(session_id, "idle")["response"]["content"] == "wired 1 | deleted b"
 
 
+@ONE_SHARED_SERVER
 def test_a_quorum_from_the_policy_file_given_in_the_environment_covers_a_tool_that_declares_none(
     shared: Callable[..., Server], shared_sandbox: Path, sink: WebhookSink
 ) -> None:
@@ -920,6 +937,7 @@ def sink() -> Iterator[WebhookSink]:
     sink.close()
 
 
+@ONE_SERVER
 def test_signed_webhooks_for_interrupts_verify_and_a_tampered_body_does_not(
     start_server: Callable[..., Server], sandbox: Path, sink: WebhookSink
 ) -> None:
@@ -1017,6 +1035,7 @@ def test_each_inbox_item_says_what_its_turn_asked_and_who_asked(
     assert item["context"]["session_title"] == "Clean the logs"
 
 
+@ONE_SERVER
 def test_inbox_items_are_numbered_within_their_session(start_server: Callable[..., Server], sandbox: Path) -> None:
     server = start_server(TWO, env=env(sandbox))
     first = start(server, "two at once")
@@ -1059,6 +1078,7 @@ def test_a_session_is_titled_by_its_first_message_or_by_its_client(shared: Calla
     ({"title": 7}, "title"),
     ({}, "title"),
 ])
+@ONE_SHARED_SERVER
 def test_a_bad_title_is_refused_naming_the_problem_and_changes_nothing(
     shared: Callable[..., Server], shared_sandbox: Path, body: dict, problem: str
 ) -> None:
@@ -1085,6 +1105,7 @@ def test_a_title_survives_a_restart(one_server: Callable[..., Server], sandbox: 
     assert [row["title"] for row in again.get("/sessions", params={"titles": "true"}).json()] == ["after"]
 
 
+@ONE_SERVER
 def test_the_history_says_who_sent_each_message_when_asked(start_server: Callable[..., Server], sandbox: Path) -> None:
     """``GET /sessions/{id}/messages?senders=true``: each user message that started a turn
     names the key that sent it and when (for the web chat's "alice", not "You"); without the

@@ -175,6 +175,20 @@ def test_agents_do_not_see_the_api_key(start_server) -> None:
     assert KEY not in reply
 
 
+def test_a_key_given_on_the_command_line_is_in_no_process_listing(start_server) -> None:
+    """``--api-key KEY`` makes ``motus serve start`` execute itself again (same pid) with the
+    key in a pipe: no ``/proc/PID/cmdline`` or ``/proc/PID/environ`` of the server's tree
+    shows it, and the key still opens the API. (Other tests pass their keys in a file.)"""
+    server = start_server("tests.agents:echo", "--workers", "1", "--api-key", f"alice={KEY}:ops", keys_on_command_line=True)
+    assert requests.get(server.url + "/sessions", timeout=10).status_code == 401
+    assert requests.get(server.url + "/whoami", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()["name"] == "alice"
+    tree = [psutil.Process(server.process.pid), *server.descendants()]
+    assert len(tree) >= 2  # the serving process and its gunicorn worker at least
+    for proc in tree:
+        for what in ("cmdline", "environ"):
+            assert KEY.encode() not in Path(f"/proc/{proc.pid}/{what}").read_bytes(), (proc.pid, what)
+
+
 def test_api_key_file(start_server, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text(f"# rotation: new, then old\n{KEY}\n\nold-{KEY}\n")

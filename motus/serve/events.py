@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
-from motus.serve.waiting import Parked, Ticket, current
+from motus.serve.waiting import Parked, Ticket, current, wake_all
 
 T = TypeVar("T")
 
@@ -98,8 +98,7 @@ class Events:
                 with watch.cond:
                     watch.cond.notify_all()
                     tickets = self._unpark_locked(watch, None)
-                for ticket in tickets:
-                    ticket.wake()
+                wake_all(tickets)
 
     def wait(self, session_id: str, check: Callable[[], T | None], timeout: float, may_park: bool = True) -> T | None:
         """Return ``check()`` as soon as it is not None, or None after ``timeout`` seconds or
@@ -202,8 +201,7 @@ class Events:
             with watch.cond:
                 watch.cond.notify_all()
                 tickets = self._unpark_locked(watch, None)
-            for ticket in tickets:
-                ticket.wake()
+            wake_all(tickets)
 
 
 def isoformat(when: float | None) -> str | None:

@@ -173,22 +173,29 @@ class Answered:
 def log_answer(app: Any, answered: Answered, request_id: str, duration_ms: float | None, alike: bool = False) -> None:
     """Count one answer in the metrics and write its access log line (``alike``: a copy of
     another request's answer, served without running the view)."""
+    log_answers(app, answered, [request_id], duration_ms, alike)
+
+
+def log_answers(app: Any, answered: Answered, request_ids: list[str], duration_ms: float | None, alike: bool = False) -> None:
+    """``log_answer`` for several answers alike but for their request ids (the copies of one
+    answer): counted in one step, an access log line each."""
     metrics = getattr(app.extensions.get("motus"), "metrics", None)
     if metrics is not None:
-        metrics.request(answered.method, answered.endpoint, answered.status)
+        metrics.request(answered.method, answered.endpoint, answered.status, len(request_ids))
     if not access_log.isEnabledFor(logging.INFO):
         return
-    line: dict[str, Any] = {"request_id": request_id, "session_id": answered.session_id, "method": answered.method,
-                            "path": answered.path, "status": answered.status, "duration_ms": duration_ms}
-    if answered.streamed:
-        line["streamed"] = True
-    if alike:
-        line["alike"] = True
     session = f" session_id={answered.session_id}" if answered.session_id else ""
-    access_log.info(
-        "%s %s %s %.1f ms request_id=%s%s%s", answered.method, answered.path, answered.status, duration_ms or 0.0,
-        request_id, session, " (a copy of an alike request's answer)" if alike else "", extra={"motus_request": line},
-    )
+    for request_id in request_ids:
+        line: dict[str, Any] = {"request_id": request_id, "session_id": answered.session_id, "method": answered.method,
+                                "path": answered.path, "status": answered.status, "duration_ms": duration_ms}
+        if answered.streamed:
+            line["streamed"] = True
+        if alike:
+            line["alike"] = True
+        access_log.info(
+            "%s %s %s %.1f ms request_id=%s%s%s", answered.method, answered.path, answered.status, duration_ms or 0.0,
+            request_id, session, " (a copy of an alike request's answer)" if alike else "", extra={"motus_request": line},
+        )
 
 
 def install_request_log(app: Any) -> None:

@@ -76,7 +76,7 @@ class Hooks:
     def held_long_polls(self, delta: int) -> None:
         """Long polls the serving worker holds without a thread, more (or fewer) by ``delta``."""
 
-    def request(self, method: str, endpoint: str | None, status: int) -> None:
+    def request(self, method: str, endpoint: str | None, status: int, count: int = 1) -> None:
         pass
 
 
@@ -178,14 +178,14 @@ class ServerMetrics(Hooks):
     def held_long_polls(self, delta: int) -> None:
         self.long_polls.inc(delta)
 
-    def request(self, method: str, endpoint: str | None, status: int) -> None:
+    def request(self, method: str, endpoint: str | None, status: int, count: int = 1) -> None:
         key = (method, endpoint, status)
         child = self._request_children.get(key)
         if child is None:
             child = self.requests.labels(method if method in HTTP_METHODS else "other", endpoint or "none", str(status))
             if method in HTTP_METHODS:  # a bounded set of keys: methods, endpoints and statuses are
                 self._request_children[key] = child
-        child.inc()
+        child.inc(count)
 
     # -- the store -------------------------------------------------------------------------
 

@@ -56,12 +56,18 @@ class Ticket:
     the request's runs after; ``stream`` is the body of a parked event stream (None for a long
     poll). ``watch`` is where the ticket is registered while parked (owned by ``Events``)."""
 
-    __slots__ = ("on_wake", "may_hold", "deadline", "thread_until", "stream", "watch", "events", "answered", "_armed", "_lock",
-                 "__weakref__")
+    __slots__ = ("on_wake", "may_hold", "on_wake_many", "subject", "deadline", "thread_until", "stream", "watch", "events",
+                 "answered", "_armed", "_lock", "__weakref__")
 
-    def __init__(self, on_wake: Callable[["Ticket"], None], may_hold: Callable[[], bool]) -> None:
+    def __init__(self, on_wake: Callable[["Ticket"], None], may_hold: Callable[[], bool],
+                 on_wake_many: Callable[[list["Ticket"]], None] | None = None, subject: Any = None) -> None:
         self.on_wake = on_wake
         self.may_hold = may_hold
+        #: Where ``wake_all`` hands many tickets at once (one call for all of one holder's,
+        #: instead of ``on_wake`` each); ``subject`` is whatever that holder needs back (the
+        #: worker: the ticket's connection).
+        self.on_wake_many = on_wake_many
+        self.subject = subject
         self.deadline: float | None = None
         #: Until when (``time.monotonic()``) the wait may block its thread before it parks:
         #: a wait that ends within it costs no second run (see ``app._take_waiter``).
@@ -83,11 +89,8 @@ class Ticket:
 
     def wake(self) -> None:
         """Any thread: hand the ticket back to its worker (once per park)."""
-        with self._lock:
-            if not self._armed:
-                return
-            self._armed = False
-        self.on_wake(self)
+        if self.disarm():
+            self.on_wake(self)
 
     def disarm(self) -> bool:
         """The worker gives up the park (deadline, client gone, stop): later wakes do nothing.
@@ -102,6 +105,21 @@ class Ticket:
         events = self.events
         if events is not None:
             events.forget(self)
+
+
+def wake_all(tickets: list[Ticket]) -> None:
+    """Any thread: ``wake`` each ticket, those of one holder handed over in one call (a
+    publish that wakes thousands of waiters costs the worker one hand-over, not thousands)."""
+    many: dict[Callable[[list[Ticket]], None], list[Ticket]] = {}
+    for ticket in tickets:
+        if not ticket.disarm():
+            continue
+        if ticket.on_wake_many is None:
+            ticket.on_wake(ticket)
+        else:
+            many.setdefault(ticket.on_wake_many, []).append(ticket)
+    for handler, group in many.items():
+        handler(group)
 
 
 def current() -> Ticket | None:

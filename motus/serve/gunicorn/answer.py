@@ -207,6 +207,11 @@ class Answer:
         self.held += len(data)
         return True
 
+    def keep_counted(self, data: bytes) -> None:
+        """Hold ``data``, already counted in the worker's total, for the main loop to send."""
+        self.parts.append(data)
+        self.held += len(data)
+
     def deadline(self) -> float:
         return time.monotonic() + self._worker.read_timeout + self.held / ANSWER_MIN_RATE
 

@@ -48,11 +48,13 @@ import socket
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from motus.serve.gunicorn.answer import MAX_BUFFERED_TOTAL, Answer
+from motus.serve.gunicorn.answer import MAX_BUFFERED_TOTAL, MAX_HELD_ANSWER, Answer
+from motus.serve.gunicorn.copies import COPIES_PER_BATCH, GONE, Copies, send_copies
+from motus.serve.gunicorn.copies import senders as copy_senders
 from motus.serve.gunicorn.framing import (
     DEFAULT_MAX_BODY,
     Limits,
@@ -61,7 +63,6 @@ from motus.serve.gunicorn.framing import (
     status_answer,
     timeout_detail,
 )
-from motus.serve.logs import REQUEST_ID_HEADER, log_answer
 from motus.serve.processes import fork_zygote_early
 from motus.serve.waiting import Parked, Ticket, serving
 from motus.serve.gunicorn.private import (
@@ -117,25 +118,6 @@ def _chunked(request: bytes | bytearray) -> bool:
     """Whether gunicorn chunks a streamed answer to this request: from HTTP/1.1 on."""
     line_end = request.find(b"\r\n")
     return not bytes(request[:line_end if line_end >= 0 else len(request)]).rstrip().endswith(b"HTTP/1.0")
-
-
-_REQUEST_ID_FIELD = b"\r\n" + REQUEST_ID_HEADER.lower().encode() + b":"
-
-
-def _request_id_in(answer: bytes | bytearray) -> tuple[bytes | None, int]:
-    """The request id an answer's head carries, and where its value starts (None, -1 if
-    it has none)."""
-    head_end = answer.find(b"\r\n\r\n")
-    head = bytes(answer[:head_end if head_end >= 0 else len(answer)]).lower()
-    at = head.find(_REQUEST_ID_FIELD)
-    if at < 0:
-        return None, -1
-    start = at + len(_REQUEST_ID_FIELD)
-    while start < len(head) and head[start] in b" \t":
-        start += 1
-    end = head.find(b"\r\n", start)
-    end = len(head) if end < 0 else end
-    return bytes(answer[start:end]).rstrip(b" \t"), start
 
 
 def server_of(worker: Any) -> Any:
@@ -201,6 +183,7 @@ class MotusWorker(WorkerSeam):
         self._counts = {"timed out": 0, "refused": 0, "unread": 0}
         self._counts_logged_at = -math.inf
         self._notified_at = -math.inf
+        self._copy_senders: ThreadPoolExecutor | None = None  # made at the first large broadcast
 
     #: gunicorn's loop tells the arbiter it is alive on every pass, with a ``utime()`` of a
     #: file each time: two or three a turn under load. The arbiter gives a silent worker
@@ -504,13 +487,21 @@ class MotusWorker(WorkerSeam):
         return server is not None and self.alive and len(self._held) < getattr(server, "max_waiting", 0)
 
     def _new_ticket(self, conn: Any) -> Ticket:
-        return Ticket(partial(self._wake, conn), self._may_hold)
+        return Ticket(partial(self._wake, conn), self._may_hold, self._wake_many, conn)
 
     def _wake(self, conn: Any, ticket: Ticket) -> None:
         """Any thread (a publisher): the ticket's event came; the main loop resumes it."""
         with self._woken_lock:
             first = not self._woken
             self._woken.append((conn, ticket))
+        if first:
+            self.call_in_main_loop(self._run_woken)
+
+    def _wake_many(self, tickets: list[Ticket]) -> None:
+        """Any thread (a publisher): ``_wake`` for many tickets at once."""
+        with self._woken_lock:
+            first = not self._woken
+            self._woken.extend((ticket.subject, ticket) for ticket in tickets)
         if first:
             self.call_in_main_loop(self._run_woken)
 
@@ -537,62 +528,91 @@ class MotusWorker(WorkerSeam):
         for first, *others in alike.values():
             for conn in others:
                 self._set_aside(conn)
+            if others:
+                self._count_held_poll(-len(others))
             first.motus_alike = others or None
             self._resume(first)
 
     def _set_aside(self, conn: Any) -> None:
         """A woken long poll that waits for the answer of an alike one (its ``motus_alike``):
-        in no table of the main loop until that answer is known, a few milliseconds."""
+        in no table of the main loop until that answer is known, a few milliseconds. Its
+        socket stays in the selector (``motus_aside``), so setting thousands aside costs no
+        system call each: if it becomes readable meanwhile, ``_on_held_readable`` takes it
+        out, and ``_leave_aside`` does before anything else is done with it."""
         del self._held[conn]
-        self.unwatch(conn)
         conn.motus_woken = False
-        self._count_held_poll(-1)
+        conn.motus_aside = True
+
+    def _leave_aside(self, conn: Any) -> None:
+        if getattr(conn, "motus_aside", False):
+            conn.motus_aside = False
+            self.unwatch(conn)
 
     def _answer_alike(self, alike: list[Any], answer: Answer, result: Any, answered: Any) -> None:
         """Main loop, once the thread serving the first of alike long polls is done: send
         each of the others a copy of its answer, with a request id of its own, counted and
-        logged as its own request. If that answer is not a whole one to copy (the request
-        waits again, or its client was gone mid-answer), each is served again on its own."""
+        logged as its own request (``copies.Copies``; many are sent by the copy senders).
+        If that answer is not a whole one to copy (the request waits again, or its client was
+        gone mid-answer), each is served again on its own."""
         copy, answer.copy = answer.copy, None
         if result is PARKED or not result or answer.failed or answered is None or not copy:
             for conn in alike:
                 self._rerun(conn)
             return
         copy = bytes(copy)
-        request_id, at = _request_id_in(copy)
-        app = self.wsgi
         done: Future[Any] = Future()
         done.set_result(result)
-        for conn in alike:
-            data = conn.motus_rerun
-            own = request_id
-            if request_id is not None and request_id not in data:
-                own = os.urandom(len(request_id) // 2).hex().encode()  # the server chose the first one's
-            body = copy if own == request_id else copy[:at] + own + copy[at + len(request_id):]  # type: ignore[operator]
-            sending = Answer(socket_of(conn), self)
-            if not sending.keep(body):
-                # Past what the main loop may hold for clients: served on a thread on its own,
-                # which writes what the socket does not take itself, as any large answer.
+        # All copies of a small answer counted in the worker's total at once; one at a time
+        # (each may be refused) when that is more than it may take at once.
+        counted = len(copy) <= MAX_HELD_ANSWER and self.hold_bytes(len(copy) * len(alike))
+        copies = Copies(self, self.wsgi, copy, answered, counted)
+        inline = len(alike) <= COPIES_PER_BATCH
+        if not inline and self._copy_senders is None:
+            self._copy_senders = copy_senders()
+        for start in range(0, len(alike), COPIES_PER_BATCH):
+            # Batch by batch, so the senders start while the main loop prepares the next.
+            ready, refused = copies.prepare(alike[start:start + COPIES_PER_BATCH])
+            for conn in refused:
                 self._rerun(conn)
-                continue
-            conn.motus_rerun = None
-            ticket, conn.motus_ticket = conn.motus_ticket, None
-            ticket.cancel()
-            log_answer(app, answered, own.decode() if own else "", None, alike=True)
-            try:
-                sent_all = sending.flush()  # the socket is non-blocking while held
-            except OSError:
-                sending.discard()
+            if inline:
+                self._copies_sent(send_copies(ready), done, result)
+            else:
+                self._copy_senders.submit(self._send_copies, ready, done, result)  # type: ignore[union-attr]
+
+    def _send_copies(self, ready: list[tuple[Any, bytes]], done: Any, result: Any) -> None:
+        """A copy sender: send a batch of copies, then hand the batch back to the main loop."""
+        try:
+            sent = send_copies(ready)
+        except Exception:
+            # A bug: the batch's connections are closed rather than left in no table (the
+            # bytes held for them stay counted in the worker's total).
+            self.log.exception("Error sending copies of an answer")
+            sent = [(conn, 0, GONE) for conn, _ in ready]
+        self.call_in_main_loop(self._copies_sent, sent, done, result)
+
+    def _copies_sent(self, sent: list[tuple[Any, int, int]], done: Any, result: Any) -> None:
+        """Main loop: after copies were sent (each ``sent`` of ``size`` bytes, or ``GONE``),
+        keep each connection alive for its next request, send the rest of its copy later,
+        or close it."""
+        for conn, size, sent in sent:
+            self._leave_aside(conn)
+            if sent == GONE:
+                self.add_buffered(-size)
                 self.close_connection(conn)  # the client is gone
-                continue
-            if sent_all:
+            elif sent == size:
+                self.add_buffered(-size)
                 self._after_answer(conn, done, result)  # the common case: the socket took it all
             else:
+                self.add_buffered(-sent)
+                sending = Answer(socket_of(conn), self)
+                sending.keep_counted(conn.motus_unsent)
+                conn.motus_unsent = None
                 self._writing[conn] = (sending, result, sending.deadline())
                 self.watch(conn, selectors.EVENT_WRITE, partial(self._on_writable, conn, done))
 
     def _rerun(self, conn: Any) -> None:
         """Serve a long poll that is in no table of the main loop again, from the start."""
+        self._leave_aside(conn)
         data = conn.motus_rerun
         conn.motus_rerun = None
         self.add_buffered(len(data))
@@ -630,6 +650,7 @@ class MotusWorker(WorkerSeam):
 
     def _on_held_readable(self, conn: Any, _sock: Any) -> None:
         if conn not in self._held:
+            self._leave_aside(conn)  # a pipelined request, or the client left: seen after the copy
             return
         try:
             data = socket_of(conn).recv(1, socket.MSG_PEEK)

@@ -161,10 +161,11 @@ def test_jobs_at_and_around_the_inline_limit_all_run(pool) -> None:
 
 
 def test_the_manager_does_not_pickle_a_huge_job_before_it_knows_it_is_too_big(pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Queued turns with long histories (200,000 messages, ~24 MB pickled) launched on the
-    manager thread. The manager only needs to know a job is past 32 KiB; pickling it whole
-    (and throwing that away: the sender pickles it again) stalls the thread that reads every
-    worker's results for as long as that takes (~200 ms here). What the manager's pickler
+    """Queued turns with long histories (20,000 messages, ~2.4 MB pickled, 75 times the
+    limit) launched on the manager thread. The manager only needs to know a job is past
+    32 KiB; pickling it whole (and throwing that away: the sender pickles it again) stalls
+    the thread that reads every worker's results for as long as that takes (~200 ms for
+    200,000 messages here). What the manager's pickler
     wrote is counted: nothing when the messages' text alone is past the limit, and at most
     one frame past the limit when it is not (the bytes are in the messages' other fields)."""
     pool, listener, _ = pool
@@ -178,18 +179,19 @@ def test_the_manager_does_not_pickle_a_huge_job_before_it_knows_it_is_too_big(po
 
     monkeypatch.setattr(pipes_module, "_CappedBuffer", Counting)
     original = pool._send_job_at_once
+    COUNT = 20_000  # noqa: N806
 
     def naming(handle: Handle, message: object) -> bool:
         current.append(handle.session_id)
         return original(handle, message)
 
     monkeypatch.setattr(pool, "_send_job_at_once", naming)
-    text = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "x" * 100} for i in range(200_000)]
-    fields = [{"role": "user", "content": "", "user_params": {"pad": "x" * 100}} for i in range(200_000)]
+    text = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "x" * 100} for i in range(COUNT)]
+    fields = [{"role": "user", "content": "", "user_params": {"pad": "x" * 100}} for i in range(COUNT)]
     huge_text, huge_fields = job_handle("huge-text", "size", text), job_handle("huge-fields", "size", fields)
     launch_from_manager(pool, listener, [huge_text, huge_fields])
-    assert content_of(listener.wait(huge_text, timeout=60)) == "size 4 200000"
-    assert content_of(listener.wait(huge_fields, timeout=60)) == "size 4 200000"
+    assert content_of(listener.wait(huge_text, timeout=60)) == f"size 4 {COUNT}"
+    assert content_of(listener.wait(huge_fields, timeout=60)) == f"size 4 {COUNT}"
     assert "huge-text" in current and written.get("huge-text", 0) == 0, written
     assert 0 < written["huge-fields"] <= pool._inline_limit + 2**16 + 64, f"the manager pickled {written['huge-fields']} bytes of one job"
 

@@ -26,7 +26,8 @@ before, so behaviour and API are the same either way.
 
 Threads: a ticket is created and read by the worker's main loop and by the one request
 thread serving it at a time; ``wake`` may be called from any thread (a publisher) and only
-hands the ticket to the worker's ``on_wake``, which must be cheap and never block.
+hands the ticket (with the others of one publish) to the worker's ``on_wake``, which must
+be cheap and never block.
 """
 
 from __future__ import annotations
@@ -56,17 +57,15 @@ class Ticket:
     the request's runs after; ``stream`` is the body of a parked event stream (None for a long
     poll). ``watch`` is where the ticket is registered while parked (owned by ``Events``)."""
 
-    __slots__ = ("on_wake", "may_hold", "on_wake_many", "subject", "deadline", "thread_until", "stream", "watch", "events",
-                 "answered", "_armed", "_lock", "__weakref__")
+    __slots__ = ("on_wake", "may_hold", "subject", "deadline", "thread_until", "stream", "watch", "events", "answered",
+                 "_armed", "_lock", "__weakref__")
 
-    def __init__(self, on_wake: Callable[["Ticket"], None], may_hold: Callable[[], bool],
-                 on_wake_many: Callable[[list["Ticket"]], None] | None = None, subject: Any = None) -> None:
+    def __init__(self, on_wake: Callable[[list["Ticket"]], None], may_hold: Callable[[], bool], subject: Any = None) -> None:
+        #: Where woken tickets are handed back: a list of them, all of this holder's that one
+        #: publish woke (``wake_all``); ``subject`` is whatever the holder needs back with
+        #: each (the worker: the ticket's connection).
         self.on_wake = on_wake
         self.may_hold = may_hold
-        #: Where ``wake_all`` hands many tickets at once (one call for all of one holder's,
-        #: instead of ``on_wake`` each); ``subject`` is whatever that holder needs back (the
-        #: worker: the ticket's connection).
-        self.on_wake_many = on_wake_many
         self.subject = subject
         self.deadline: float | None = None
         #: Until when (``time.monotonic()``) the wait may block its thread before it parks:
@@ -89,8 +88,7 @@ class Ticket:
 
     def wake(self) -> None:
         """Any thread: hand the ticket back to its worker (once per park)."""
-        if self.disarm():
-            self.on_wake(self)
+        wake_all([self])
 
     def disarm(self) -> bool:
         """The worker gives up the park (deadline, client gone, stop): later wakes do nothing.
@@ -110,16 +108,12 @@ class Ticket:
 def wake_all(tickets: list[Ticket]) -> None:
     """Any thread: ``wake`` each ticket, those of one holder handed over in one call (a
     publish that wakes thousands of waiters costs the worker one hand-over, not thousands)."""
-    many: dict[Callable[[list[Ticket]], None], list[Ticket]] = {}
+    holders: dict[Callable[[list[Ticket]], None], list[Ticket]] = {}
     for ticket in tickets:
-        if not ticket.disarm():
-            continue
-        if ticket.on_wake_many is None:
-            ticket.on_wake(ticket)
-        else:
-            many.setdefault(ticket.on_wake_many, []).append(ticket)
-    for handler, group in many.items():
-        handler(group)
+        if ticket.disarm():
+            holders.setdefault(ticket.on_wake, []).append(ticket)
+    for on_wake, woken in holders.items():
+        on_wake(woken)
 
 
 def current() -> Ticket | None:

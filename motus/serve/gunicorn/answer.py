@@ -203,8 +203,7 @@ class Answer:
         False, holding nothing, if the total cannot take it."""
         if len(data) > MAX_HELD_ANSWER or not self._worker.hold_bytes(len(data)):
             return False
-        self.parts.append(data)
-        self.held += len(data)
+        self.keep_counted(data)
         return True
 
     def keep_counted(self, data: bytes) -> None:

@@ -487,18 +487,11 @@ class MotusWorker(WorkerSeam):
         return server is not None and self.alive and len(self._held) < getattr(server, "max_waiting", 0)
 
     def _new_ticket(self, conn: Any) -> Ticket:
-        return Ticket(partial(self._wake, conn), self._may_hold, self._wake_many, conn)
+        return Ticket(self._wake, self._may_hold, conn)
 
-    def _wake(self, conn: Any, ticket: Ticket) -> None:
-        """Any thread (a publisher): the ticket's event came; the main loop resumes it."""
-        with self._woken_lock:
-            first = not self._woken
-            self._woken.append((conn, ticket))
-        if first:
-            self.call_in_main_loop(self._run_woken)
-
-    def _wake_many(self, tickets: list[Ticket]) -> None:
-        """Any thread (a publisher): ``_wake`` for many tickets at once."""
+    def _wake(self, tickets: list[Ticket]) -> None:
+        """Any thread (a publisher): the tickets' event came (all that one publish woke); the
+        main loop resumes their requests."""
         with self._woken_lock:
             first = not self._woken
             self._woken.extend((ticket.subject, ticket) for ticket in tickets)

@@ -6,26 +6,22 @@ from motus.serve.waiting import Ticket, wake_all
 
 
 def test_wake_all_hands_each_holders_tickets_over_in_one_call_and_skips_those_not_parked() -> None:
-    singles: list[Ticket] = []
-    batches: list[list[Ticket]] = []
-
-    def held_by_worker(subject: str) -> Ticket:
-        return Ticket(singles.append, lambda: True, batches.append, subject)
-
-    parked = [held_by_worker(f"conn-{n}") for n in range(3)]
-    plain = Ticket(singles.append, lambda: True)  # a holder that takes tickets one at a time
-    not_parked = held_by_worker("conn-x")
-    for ticket in [*parked, plain]:
+    first_holder: list[list[Ticket]] = []
+    second_holder: list[list[Ticket]] = []
+    parked = [Ticket(first_holder.append, lambda: True, f"conn-{n}") for n in range(3)]
+    other = Ticket(second_holder.append, lambda: True, "elsewhere")
+    not_parked = Ticket(first_holder.append, lambda: True, "conn-x")
+    for ticket in [*parked, other]:
         ticket.arm()
-    wake_all([*parked, plain, not_parked])
-    assert batches == [parked] and [t.subject for t in batches[0]] == ["conn-0", "conn-1", "conn-2"]
-    assert singles == [plain]
-    wake_all([*parked, plain])  # woken once per park: a second publish finds them taken
-    assert batches == [parked] and singles == [plain]
+    wake_all([*parked, other, not_parked])
+    assert first_holder == [parked] and [t.subject for t in first_holder[0]] == ["conn-0", "conn-1", "conn-2"]
+    assert second_holder == [[other]]
+    wake_all([*parked, other])  # woken once per park: a second publish finds them taken
+    assert first_holder == [parked] and second_holder == [[other]]
 
 
 def test_a_single_wake_and_a_disarm_count_once_per_park() -> None:
-    woken: list[Ticket] = []
+    woken: list[list[Ticket]] = []
     ticket = Ticket(woken.append, lambda: True)
     ticket.wake()
     assert woken == []  # not parked: nothing to wake
@@ -36,4 +32,4 @@ def test_a_single_wake_and_a_disarm_count_once_per_park() -> None:
     ticket.arm()
     ticket.wake()
     ticket.wake()
-    assert woken == [ticket]
+    assert woken == [[ticket]]

@@ -11,7 +11,6 @@ The agent is ``tests.agents.zygote:agent`` with ``$ZYGOTE_HOSTILE`` picking the 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +21,8 @@ from motus.serve.worker import REHEARSAL_SECONDS
 from tests.conftest import Server
 from tests.integration.serve.approvals.test_hitl import interrupted, resume
 from tests.integration.serve.workers.test_zygote import (
-    AGENT, WARM, agent_env, alive, assert_ended, assert_no_500, echo_ok, finished, health, recorded, serving,
-    the_zygote, turn,
+    AGENT, WARM, agent_env, alive, assert_ended, assert_no_500, echo_ok, finished, health, metric, recorded,
+    serving, the_zygote, turn,
 )
 
 StartServer = Callable[..., Server]
@@ -143,11 +142,6 @@ def test_sigterm_during_a_hung_rehearsal_is_prompt(start_server: StartServer, sa
 
 
 # -- 4. the stand-in turn never shows on a real server -----------------------------------------
-
-
-def metric(text: str, name: str) -> float:
-    """The sum of a metric's samples (every label set)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if re.match(rf"{name}(\{{[^}}]*\}})? ", line))
 
 
 def test_the_rehearsal_never_shows_in_sessions_metrics_or_logs(start_server: StartServer, sandbox: Path) -> None:

@@ -32,9 +32,16 @@ def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter,
     http = requests.Session()
     url = server.url
 
-    def call(method: str, path: str, **kwargs: object) -> requests.Response | None:
+    def call(method: str, path: str, one_shot: bool = False, **kwargs: object) -> requests.Response | None:
+        # The racing second resume goes on a connection of its own, closed after it. On the
+        # session's pool it would leave a second connection idle until the next race, and one
+        # idle for the server's keep-alive (5 s) can be closed just as a POST is sent on it: a
+        # reset no client avoids without retrying the POST (seen once in CI).
         try:
-            response = http.request(method, url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
+            if one_shot:
+                response = requests.request(method, url + path, timeout=30, headers={"Connection": "close"}, **kwargs)  # type: ignore[arg-type]
+            else:
+                response = http.request(method, url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
         except requests.RequestException as exc:
             errors.append(f"{method} {path}: {type(exc).__name__}: {exc}")
             return None
@@ -44,6 +51,7 @@ def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter,
             errors.append(f"{method} {path}: {response.status_code} {response.text[:200]}")
         return response
 
+    racers: list[threading.Thread] = []
     while not stop.is_set():
         created = call("POST", "/sessions", json={})
         if created is None or created.status_code != 201:
@@ -62,10 +70,12 @@ def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter,
             for pending in state.get("interrupts") or []:
                 value = rng.choice([{"approved": True}, {"approved": False}, {"answers": {}}, "odd", None])
                 if rng.random() < 0.15:  # a second resume of the same id, racing the first
-                    threading.Thread(
-                        target=call, args=("POST", f"/sessions/{sid}/resume"),
+                    racer = threading.Thread(
+                        target=call, args=("POST", f"/sessions/{sid}/resume", True),
                         kwargs={"json": {"interrupt_id": pending["interrupt_id"], "value": value}}, daemon=True,
-                    ).start()
+                    )
+                    racer.start()
+                    racers.append(racer)
                 call("POST", f"/sessions/{sid}/resume", json={"interrupt_id": pending["interrupt_id"], "value": value})
             if rng.random() < 0.2:
                 with lock:
@@ -73,6 +83,8 @@ def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter,
                 call("DELETE", f"/sessions/{victim}")
             if rng.random() < 0.1:
                 call("POST", f"/sessions/{sid}/resume", json={"interrupt_id": "no-such-interrupt", "value": 1})
+    for racer in racers:
+        racer.join(60)
     http.close()
 
 

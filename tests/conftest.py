@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import psutil
 import pytest
 import requests
 
-from tests.support import launcher, pg
+from tests.support import http, launcher, pg
 from tests.support.processes import alive as _alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,20 +155,29 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+    def base_url(self) -> str:
+        """Where the next request goes (``Instances`` takes its instances in turn)."""
+        return self.url
 
-    def post(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.post(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One request to ``path``, with this server's headers and a 30 s timeout unless given."""
+        kwargs.setdefault("timeout", 30)
+        return http.request(method, self.base_url() + path, headers=self.headers, **kwargs)
 
-    def put(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.put(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("GET", path, **kwargs)
 
-    def delete(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.delete(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+    def post(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("POST", path, **kwargs)
 
-    def patch(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.patch(self.url + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
+    def put(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("PUT", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("DELETE", path, **kwargs)
+
+    def patch(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("PATCH", path, **kwargs)
 
     def create_session(self) -> str:
         response = self.post("/sessions", json={})
@@ -243,25 +253,10 @@ class Instances(Server):
         return Instances(url=self.url, process=self.process, log_path=self.log_path, extra=self.extra, headers=headers,
                          others=self.others, _turn=self._turn)
 
-    def _next(self) -> str:
+    def base_url(self) -> str:
         urls = [self.url, *(other.url for other in self.others)]
         self._turn[0] += 1
         return urls[self._turn[0] % len(urls)]
-
-    def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
-
-    def post(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.post(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
-
-    def put(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.put(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
-
-    def delete(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.delete(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
-
-    def patch(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.patch(self._next() + path, timeout=kwargs.pop("timeout", 30), headers=self.headers, **kwargs)  # type: ignore[arg-type]
 
     def log(self) -> str:
         return "\n".join(path.read_text(errors="replace") for path in (self.log_path, *(o.log_path for o in self.others)))
@@ -303,7 +298,7 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log_path: Path, timeo
         if process.poll() is not None:
             raise AssertionError(f"server exited with {process.returncode}:\n{log_path.read_text(errors='replace')}")
         try:
-            return requests.get(url + "/health", timeout=5).status_code == 200
+            return http.request("GET", url + "/health", timeout=5).status_code == 200
         except (requests.ConnectionError, requests.Timeout):
             return False
 

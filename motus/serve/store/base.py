@@ -262,7 +262,10 @@ class SessionRecord:
     #: What people call the session: one a client set, or its first user message, shortened.
     title: str | None = None
     #: Who sent the user messages that started turns, by their index in the history:
-    #: {index: {"by": key name, "at": wall clock}} (the newest ``SENDERS_KEPT``).
+    #: {index: {"by": key name, "at": wall clock}} (the newest ``SENDERS_KEPT``). They
+    #: change only with the history, so a save writes them only with ``state``; in a save
+    #: without it the stored ones stay (serialising up to 200 of them at every interrupt and
+    #: resume was the largest part of a save's CPU in a long session).
     senders: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -288,14 +288,13 @@ class PostgresStore(SharedStore):
                 (record.session_id, record.status, "", dump_json(record.response), record.error,
                  record.turn_id, record.touched, turn_text, grants, record.owner, record.title, senders_json(record.senders)),
             )
-        elif record.state is None:
+        elif record.state is None:  # the senders change only with the history (SessionRecord.senders)
             write = (
                 "UPDATE motus_sessions SET status = %s, response = %s, error = %s, turn_id = %s, touched = %s, "
-                "turn = %s, grants = %s, version = %s, owner = %s, title = %s, senders = %s WHERE session_id = %s "
+                "turn = %s, grants = %s, version = %s, owner = %s, title = %s WHERE session_id = %s "
                 "AND version = %s RETURNING version",
                 (record.status, dump_json(record.response), record.error, record.turn_id, record.touched, turn_text,
-                 grants, new_version, record.owner, record.title, senders_json(record.senders), record.session_id,
-                 record.version),
+                 grants, new_version, record.owner, record.title, record.session_id, record.version),
             )
         else:
             write = (

@@ -409,11 +409,11 @@ class SqliteStore(DurableStore):
 
         def write(db: sqlite3.Connection) -> int:
             if record.state is None:
-                db.execute(
+                db.execute(  # the senders change only with the history (SessionRecord.senders)
                     "UPDATE sessions SET status = ?, response = ?, error = ?, turn_id = ?, touched = ?, turn = ?, "
-                    "grants = ?, title = ?, senders = ? WHERE session_id = ?",
+                    "grants = ?, title = ? WHERE session_id = ?",
                     (record.status, dump_json(record.response), record.error, record.turn_id, record.touched,
-                     turn_text, grants, record.title, senders_json(record.senders), record.session_id),
+                     turn_text, grants, record.title, record.session_id),
                 )
             else:
                 db.execute(

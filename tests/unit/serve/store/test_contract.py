@@ -359,6 +359,23 @@ def test_a_title_its_senders_and_the_inbox_context_of_each_waiting_session_are_r
     assert reloaded["idle"].senders == {0: {"by": "alice", "at": 1.5}, 12: {"by": "bob", "at": 2.5}}
 
 
+def test_the_senders_are_written_with_the_history_and_kept_by_a_save_without_it(durable: Backend) -> None:
+    """The senders change only when a turn ends with its history: a save without ``state``
+    (an interrupt, a resume) leaves the stored ones as they are, whatever its record says; a
+    save with ``state`` writes them."""
+    store = durable.open()
+    alice = {0: {"by": "alice", "at": 1.5}}
+    durable.save(store, session("s1", senders=alice))
+    durable.save(store, session("s1", turn=live_turn(), state=None, senders={}), [PENDING])
+    [loaded] = durable.reload()
+    assert loaded.senders == alice and loaded.turn is not None
+    store = durable.open()  # reload() closed a SQLite store (one server per file)
+    both = {**alice, 2: {"by": "bob", "at": 2.5}}
+    durable.save(store, session("s1", state=[MESSAGE, REPLY, MESSAGE, REPLY], senders=both, kept=2))
+    [loaded] = durable.reload()
+    assert loaded.senders == both and len(loaded.state) == 4
+
+
 def test_the_store_takes_what_the_memory_store_does(durable: Backend) -> None:
     store = durable.open()
     durable.save(store, session(state=[{"role": "tool", "content": "x", "score": math.nan}], response={"inf": math.inf}))

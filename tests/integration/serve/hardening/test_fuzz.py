@@ -21,6 +21,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS
 
 from tests.conftest import Server, server_factory
+from tests.support import http
 
 KEY = "fuzz-" + uuid.uuid4().hex
 READ_KEY = "fuzz-read-" + uuid.uuid4().hex
@@ -41,7 +42,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 
 
 def snapshot(server: Server, headers: dict[str, str]) -> list[tuple]:
-    sessions = requests.get(server.url + "/sessions", headers=headers, timeout=10).json()
+    sessions = http.request("GET", server.url + "/sessions", headers=headers, timeout=10).json()
     return sorted((s["session_id"], s["status"], s["total_messages"]) for s in sessions)
 
 
@@ -75,7 +76,8 @@ def test_fuzz(servers: dict[str, Server], which: str, mode: GenerationMode, pres
     # the same valid query string (timeout=5), so that check cannot judge query parameters;
     # bad query values are covered by test_hitl.py::test_bad_input.
     query_excluded = excluded + [check for check in CHECKS.get_all() if check.__name__ == "negative_data_rejection"]
-    http = requests.Session()
+    client = requests.Session()
+    client.trust_env = False  # loopback: no proxy lookups (tests/support/http.py)
     failures: list[str] = []
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -86,7 +88,7 @@ def test_fuzz(servers: dict[str, Server], which: str, mode: GenerationMode, pres
         for target in ("random", "existing"):
             overrides = {}
             if "{session_id}" in operation.path and target == "existing":
-                sid = http.post(server.url + "/sessions", json={}, headers=auth, timeout=10).json()["session_id"]
+                sid = client.post(server.url + "/sessions", json={}, headers=auth, timeout=10).json()["session_id"]
                 overrides["path_parameters"] = {"session_id": sid}
             elif target == "existing":
                 continue
@@ -95,7 +97,7 @@ def test_fuzz(servers: dict[str, Server], which: str, mode: GenerationMode, pres
             @given(case=operation.as_strategy(generation_mode=mode, **overrides))
             def run(case: schemathesis.Case) -> None:
                 before = snapshot(server, auth)
-                response = case.call(base_url=server.url, session=http, headers=sent, timeout=20)
+                response = case.call(base_url=server.url, session=client, headers=sent, timeout=20)
                 assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
                 case.validate_response(response, excluded_checks=query_excluded if len(operation.query) else excluded)
                 if keyed and not present_key and operation.path != "/health":
@@ -132,7 +134,8 @@ def test_fuzz_browser_headers(servers: dict[str, Server]) -> None:
     sid = requests.post(server.url + "/sessions", json={}, timeout=10).json()["session_id"]
     operations = [("post", "/sessions", b"{}"), ("post", f"/sessions/{sid}/resume", b'{"interrupt_id": "x", "value": 1}'),
                   ("get", "/sessions", None), ("delete", f"/sessions/{uuid.uuid4()}", None), ("get", "/ui/", None)]
-    http = requests.Session()
+    client = requests.Session()
+    client.trust_env = False
 
     @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(
@@ -144,7 +147,7 @@ def test_fuzz_browser_headers(servers: dict[str, Server]) -> None:
         sent = {name: value.replace("PORT", port) for name, value in headers.items() if value is not None}
         sent.setdefault("Host", f"127.0.0.1:{port}")
         before = snapshot(server, {})
-        response = http.request(method, server.url + path, data=body, headers=sent, timeout=20)
+        response = client.request(method, server.url + path, data=body, headers=sent, timeout=20)
         assert response.status_code < 500, (method, path, sent, response.status_code, response.text)
         if 400 <= response.status_code < 500:
             assert snapshot(server, {}) == before, (method, path, sent)

@@ -5,7 +5,7 @@ what it does not take is kept (up to ``MAX_HELD_ANSWER``, within the worker's to
 main loop to send; past those limits the thread writes itself, under a deadline.
 
 Guarantees: a client that does not read its answer holds no thread beyond ``--read-timeout``
-plus a second per ``ANSWER_MIN_RATE`` bytes; every byte kept is counted in the worker's total
+plus a second per ``ANSWER_MIN_RATE`` bytes, nor beyond ``ANSWER_STOP_SECONDS`` after a SIGTERM; every byte kept is counted in the worker's total
 (``Budget``) and uncounted when sent or discarded. Threads: the serving thread writes while it
 serves; afterwards only the main loop touches the answer (``flush``, ``deadline``,
 ``discard``). No gunicorn internals are touched here.
@@ -32,6 +32,13 @@ MAX_HELD_ANSWER = 8 * 1024 * 1024
 #: A client has ``--read-timeout`` seconds, plus one second per this many bytes, to take an
 #: answer; then its connection is closed.
 ANSWER_MIN_RATE = 256 * 1024
+#: Once the server is stopping (SIGTERM), a client has this many seconds more to take what is
+#: still being written to it, whatever its own deadline: clients that do not read must not
+#: hold the stop (a thread writing a 3 MB answer to one had ~22 s, and the arbiter killed the
+#: worker before it was done).
+ANSWER_STOP_SECONDS = 2.0
+#: A thread writing itself looks at the stop this often while the client takes nothing.
+_STOP_CHECK_SECONDS = 0.25
 
 _WRITE_PIECE = 256 * 1024
 _IOV_BATCH = 64
@@ -41,6 +48,9 @@ class Budget(Protocol):
     """What an answer needs of its worker: the client's time, and the count of held bytes."""
 
     read_timeout: float
+    #: ``time.monotonic()`` past which no answer may still be written: infinite until the
+    #: server stops, then ``ANSWER_STOP_SECONDS`` after the SIGTERM.
+    stop_writes_at: float
 
     def hold_bytes(self, size: int) -> bool: ...
 
@@ -150,19 +160,26 @@ class Answer:
         self._write(parts)
 
     def _write(self, parts: list[Any]) -> None:
-        """Blocking writes, all of ``parts`` within one deadline."""
+        """Blocking writes, all of ``parts`` within one deadline, cut short by the server's
+        stop (``Budget.stop_writes_at``). Each ``send`` waits at most ``_STOP_CHECK_SECONDS``
+        and says how much the socket took, so a stop that begins meanwhile is seen within
+        that and no byte is sent twice."""
         size = sum(len(part) for part in parts)
         deadline = time.monotonic() + self._worker.read_timeout + size / ANSWER_MIN_RATE
         sock = self._sock
         try:
             for part in parts:
                 view = memoryview(part)
-                for start in range(0, len(view), _WRITE_PIECE):
-                    remaining = deadline - time.monotonic()
+                while view:
+                    remaining = min(deadline, self._worker.stop_writes_at) - time.monotonic()
                     if remaining <= 0:
                         raise TimeoutError
-                    sock.settimeout(remaining)
-                    sock.sendall(view[start:start + _WRITE_PIECE])
+                    sock.settimeout(min(remaining, _STOP_CHECK_SECONDS))
+                    try:
+                        sent = sock.send(view[:_WRITE_PIECE])
+                    except TimeoutError:
+                        continue  # nothing taken yet: look at the deadlines again
+                    view = view[sent:]
         except TimeoutError:
             self._worker.tally("unread")
             raise AnswerTimedOut(errno.EPIPE, "the client did not take its answer in time") from None

@@ -52,7 +52,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from motus.serve.gunicorn.answer import MAX_BUFFERED_TOTAL, MAX_HELD_ANSWER, Answer
+from motus.serve.gunicorn.answer import ANSWER_STOP_SECONDS, MAX_BUFFERED_TOTAL, MAX_HELD_ANSWER, Answer
 from motus.serve.gunicorn.copies import COPIES_PER_BATCH, GONE, Copies, send_copies
 from motus.serve.gunicorn.copies import senders as copy_senders
 from motus.serve.gunicorn.framing import (
@@ -166,6 +166,7 @@ class MotusWorker(WorkerSeam):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.read_timeout = configured_read_timeout(self.app)
+        self.stop_writes_at = math.inf  # see answer.Budget: set at the first SIGTERM
         cfg = self.cfg
         self._read_in_loop = not cfg.is_ssl and getattr(cfg, "http2_cleartext", "off") in ("off", None, False) and getattr(cfg, "proxy_protocol", "off") in ("off", None, False)
         self._limits = Limits(cfg, DEFAULT_MAX_BODY)
@@ -208,6 +209,10 @@ class MotusWorker(WorkerSeam):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         first = self.alive  # the arbiter sends SIGTERM again while it waits: act on the first
+        if first:
+            # Answers still being written (by a thread or the main loop) get this long more:
+            # a client that does not read must not hold the stop (answer.ANSWER_STOP_SECONDS).
+            self.stop_writes_at = time.monotonic() + ANSWER_STOP_SECONDS
         super().handle_exit(sig, frame)
         server = server_of(self)
         if first and server is not None:
@@ -764,7 +769,7 @@ class MotusWorker(WorkerSeam):
                 if not reader.begun:
                     self._drop(conn, reader)
         for conn, (answer, result, deadline) in list(self._writing.items()):
-            if deadline <= now or force:
+            if deadline <= now or force or self.stop_writes_at <= now:
                 del self._writing[conn]
                 self.unwatch(conn)
                 answer.discard()
@@ -783,6 +788,8 @@ class MotusWorker(WorkerSeam):
     def motus_wait_limit(self, timeout: float) -> float:
         """The main loop waits for events at most until the next deadline (slightly after it)."""
         deadlines = [deadline for _, _, deadline in self._writing.values()]
+        if self._writing and self.stop_writes_at < math.inf:
+            deadlines.append(self.stop_writes_at)
         if self._reading:
             deadlines.append(next(iter(self._reading.values())).deadline)
         if self._lingering:

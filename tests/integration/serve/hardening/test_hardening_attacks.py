@@ -200,6 +200,47 @@ def test_clients_that_never_read_their_answers_hold_no_thread_and_do_not_delay_s
     assert "Traceback" not in server.log()
 
 
+def test_a_sigterm_while_large_answers_go_to_clients_that_never_read_stops_cleanly(start_server) -> None:
+    """Thirty clients ask for a session whose body is ~6 MB and never read: the main loop
+    holds what fits in the worker's 64 MiB and threads write the rest themselves. A client
+    has --read-timeout (30 s here) plus a second per 256 KiB to take its answer, so before,
+    a SIGTERM meanwhile waited on them past gunicorn's graceful timeout (--shutdown-timeout
+    + 15 s) and the arbiter killed the worker (found by the attack on the broadcast's
+    copies). Now answers still being written get two seconds after the SIGTERM: the worker
+    closes those connections and exits by itself, with status 0."""
+    server = start_server(AGENT, "--workers", "1", "--threads", "4", "--shutdown-timeout", "1", "--read-timeout", "30")
+    port = port_of(server)
+    session_id = server.create_session()
+    server.send(session_id, "echo " + "z" * 3_000_000)
+    assert wait_idle(server, session_id)["status"] == "idle"
+    request = f"GET /sessions/{session_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    readers: list[socket.socket] = []
+    try:
+        for _ in range(30):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(request)
+            readers.append(sock)
+        peers = {sock.getsockname()[1] for sock in readers}
+
+        def piled_up() -> bool:  # answers wait in the server's send queues (held or written by threads)
+            return sum(1 for peer, (_, queued) in server_sockets(port).items() if peer in peers and queued) >= 12
+
+        wait_until(piled_up, timeout=30, what="answers to pile up on the connections that do not read")
+        server.process.send_signal(signal.SIGTERM)
+        status = server.process.wait(60)
+    finally:
+        for sock in readers:
+            sock.close()
+    log = server.log()
+    assert "SIGKILL" not in log, log[-2000:]
+    assert status == 0, log[-2000:]
+    assert "did not take its answer in time" in log, log[-2000:]
+    assert "Traceback" not in log
+
+
 # -- slow requests that the main loop hands to a thread early ---------------------------------
 
 HEAD = b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -582,10 +582,10 @@ class MotusWorker(WorkerSeam):
         try:
             sent = send_copies(ready)
         except Exception:
-            # A bug: the batch's connections are closed rather than left in no table (the
-            # bytes held for them stay counted in the worker's total).
+            # A bug: the batch's connections are closed rather than left in no table, and
+            # the bytes counted for their copies are uncounted with them.
             self.log.exception("Error sending copies of an answer")
-            sent = [(conn, 0, GONE) for conn, _ in ready]
+            sent = [(conn, len(body), GONE) for conn, body in ready]
         self.call_in_main_loop(self._copies_sent, sent, done, result)
 
     def _copies_sent(self, sent: list[tuple[Any, int, int]], done: Any, result: Any) -> None:

@@ -323,6 +323,9 @@ class Session:
             "version": self.version,
             "owner": self.owner,
         }
+        if "senders" in changes and changes.get("state") is None:
+            # A save without the history leaves the stored senders as they are (SessionRecord.senders).
+            raise ValueError("a session's senders change only with its history")
         fields.update(changes)
         if isinstance(fields["status"], SessionStatus):
             fields["status"] = fields["status"].value

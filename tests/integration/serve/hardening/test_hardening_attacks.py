@@ -149,6 +149,19 @@ def server_sockets(port: int) -> dict[int, tuple[str, int]]:
     return found
 
 
+def never_reading(port: int, request: bytes, count: int, opened: list[socket.socket]) -> set[int]:
+    """Open ``count`` connections with a 4 KiB receive buffer (added to ``opened``, for the
+    caller to close), each sending ``request`` and then never reading; their local ports."""
+    for _ in range(count):
+        sock = socket.socket()
+        opened.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request)
+    return {sock.getsockname()[1] for sock in opened}
+
+
 def test_clients_that_never_read_their_answers_hold_no_thread_and_do_not_delay_sigterm(start_server) -> None:
     """Connections that pipeline requests for a public asset (no key needed even on a keyed
     server) and never read: once their socket buffers are full, gunicorn's threads blocked
@@ -164,14 +177,7 @@ def test_clients_that_never_read_their_answers_hold_no_thread_and_do_not_delay_s
     request = b"GET /ui/app.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * count
     attackers: list[socket.socket] = []
     try:
-        for _ in range(8):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.settimeout(10)
-            sock.connect(("127.0.0.1", port))
-            sock.sendall(request)
-            attackers.append(sock)
-        peers = {sock.getsockname()[1] for sock in attackers}
+        peers = never_reading(port, request, 8, attackers)
 
         def stuck() -> bool:  # the server is sending to as many of them as it has threads
             return sum(1 for peer, (_, queued) in server_sockets(port).items() if peer in peers and queued) >= 4
@@ -216,14 +222,7 @@ def test_a_sigterm_while_large_answers_go_to_clients_that_never_read_stops_clean
     request = f"GET /sessions/{session_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
     readers: list[socket.socket] = []
     try:
-        for _ in range(30):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.settimeout(10)
-            sock.connect(("127.0.0.1", port))
-            sock.sendall(request)
-            readers.append(sock)
-        peers = {sock.getsockname()[1] for sock in readers}
+        peers = never_reading(port, request, 30, readers)
 
         def piled_up() -> bool:  # answers wait in the server's send queues (held or written by threads)
             return sum(1 for peer, (_, queued) in server_sockets(port).items() if peer in peers and queued) >= 12

@@ -1,4 +1,5 @@
-"""The tests' one HTTP client for their own servers: ``request(method, url, **kwargs)``.
+"""The tests' one HTTP client for their own servers: ``request(method, url, **kwargs)``;
+``loopback_session()`` for a test that needs a session of its own.
 
 ``requests.get`` and its siblings build a ``Session`` for every call, and a session that
 trusts the environment looks every proxy variable up twice a request. Measured against a test
@@ -26,10 +27,17 @@ from typing import Any
 
 import requests
 
-_SESSION = requests.Session()
-_SESSION.trust_env = False
+def loopback_session() -> requests.Session:
+    """A session for loopback servers: no proxy lookups, no cookies. It keeps connections
+    alive; a test that wants that (the fuzz suite's own client) uses one of its own."""
+    session = requests.Session()
+    session.trust_env = False
+    session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+    return session
+
+
+_SESSION = loopback_session()
 _SESSION.headers["Connection"] = "close"
-_SESSION.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
 
 
 def request(method: str, url: str, **kwargs: Any) -> requests.Response:

@@ -5,10 +5,11 @@ what it does not take is kept (up to ``MAX_HELD_ANSWER``, within the worker's to
 main loop to send; past those limits the thread writes itself, under a deadline.
 
 Guarantees: a client that does not read its answer holds no thread beyond ``--read-timeout``
-plus a second per ``ANSWER_MIN_RATE`` bytes, nor beyond ``ANSWER_STOP_SECONDS`` after a SIGTERM; every byte kept is counted in the worker's total
-(``Budget``) and uncounted when sent or discarded. Threads: the serving thread writes while it
-serves; afterwards only the main loop touches the answer (``flush``, ``deadline``,
-``discard``). No gunicorn internals are touched here.
+plus a second per ``ANSWER_MIN_RATE`` bytes, nor beyond ``ANSWER_STOP_SECONDS`` after a
+SIGTERM; every byte kept is counted in the worker's total (``Budget``) and uncounted when
+sent or discarded. Threads: the serving thread writes while it serves; afterwards only the
+main loop touches the answer (``flush``, ``deadline``, ``discard``). No gunicorn internals
+are touched here.
 """
 
 from __future__ import annotations

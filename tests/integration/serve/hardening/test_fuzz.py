@@ -76,8 +76,7 @@ def test_fuzz(servers: dict[str, Server], which: str, mode: GenerationMode, pres
     # the same valid query string (timeout=5), so that check cannot judge query parameters;
     # bad query values are covered by test_hitl.py::test_bad_input.
     query_excluded = excluded + [check for check in CHECKS.get_all() if check.__name__ == "negative_data_rejection"]
-    client = requests.Session()
-    client.trust_env = False  # loopback: no proxy lookups (tests/support/http.py)
+    client = http.loopback_session()
     failures: list[str] = []
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -134,8 +133,7 @@ def test_fuzz_browser_headers(servers: dict[str, Server]) -> None:
     sid = requests.post(server.url + "/sessions", json={}, timeout=10).json()["session_id"]
     operations = [("post", "/sessions", b"{}"), ("post", f"/sessions/{sid}/resume", b'{"interrupt_id": "x", "value": 1}'),
                   ("get", "/sessions", None), ("delete", f"/sessions/{uuid.uuid4()}", None), ("get", "/ui/", None)]
-    client = requests.Session()
-    client.trust_env = False
+    client = http.loopback_session()
 
     @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from tests.conftest import Server, wait_until
+from tests.support import http
 
 DURATION = 20.0
 CLIENTS = 8
@@ -29,7 +30,7 @@ KINDS = ["echo hi", "approval a.txt", "two", "crash", "exit", "hang", "question"
 
 def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter, errors: list[str], sessions: list[str], lock: threading.Lock) -> None:
     rng = random.Random(seed)
-    http = requests.Session()
+    client = requests.Session()
     url = server.url
 
     def call(method: str, path: str, one_shot: bool = False, **kwargs: object) -> requests.Response | None:
@@ -38,10 +39,8 @@ def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter,
         # idle for the server's keep-alive (5 s) can be closed just as a POST is sent on it: a
         # reset no client avoids without retrying the POST (seen once in CI).
         try:
-            if one_shot:
-                response = requests.request(method, url + path, timeout=30, headers={"Connection": "close"}, **kwargs)  # type: ignore[arg-type]
-            else:
-                response = http.request(method, url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
+            via = http.request if one_shot else client.request  # http: a connection a request
+            response = via(method, url + path, timeout=30, **kwargs)  # type: ignore[arg-type, operator]
         except requests.RequestException as exc:
             errors.append(f"{method} {path}: {type(exc).__name__}: {exc}")
             return None
@@ -85,7 +84,7 @@ def client_loop(server: Server, seed: int, stop: threading.Event, seen: Counter,
                 call("POST", f"/sessions/{sid}/resume", json={"interrupt_id": "no-such-interrupt", "value": 1})
     for racer in racers:
         racer.join(60)
-    http.close()
+    client.close()
 
 
 @pytest.mark.slow

@@ -243,10 +243,10 @@ def _unix_socket_inodes() -> set[str]:
         return {line.split()[6] for line in table if len(line.split()) > 6}
 
 
-def own_fds(pid: int) -> list[str]:
-    """Descriptors that are the server's own: everything but TCP connections (the test's
-    HTTP client keeps a varying number alive). Job pipes, pidfds and the zygote's control
-    socket all count. Each as what it points to, so a failure can say what was left."""
+def _own(pid: int) -> list[tuple[str, str]]:
+    """``(fd, target)`` of the descriptors that are the server's own: everything but TCP
+    connections (the test's HTTP client keeps a varying number alive). Job pipes, pidfds
+    and the zygote's control socket all count."""
     unix = _unix_socket_inodes()
     found = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -255,8 +255,13 @@ def own_fds(pid: int) -> list[str]:
         except OSError:
             continue
         if not target.startswith("socket:[") or target[8:-1] in unix:
-            found.append(target)
+            found.append((fd, target))
     return found
+
+
+def own_fds(pid: int) -> list[str]:
+    """The server's own descriptors (``_own``), each as what it points to."""
+    return [target for _fd, target in _own(pid)]
 
 
 def own_fd_count(pid: int) -> int:
@@ -317,8 +322,7 @@ def test_repeated_zygote_deaths_leak_no_descriptor_in_the_server(start_server: S
             wait_until(lambda: at_rest(server, owner) and own_fd_count(owner.pid) == len(before), timeout=20,
                        what=f"the pool at rest and the server's descriptors back to {len(before)} (round {round_})")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; before: {before_detail}; now: {fd_detail(owner.pid)}; "
-                                 f"the server's unix sockets and their peers: {unix_peers(owner.pid)}") from None
+            raise AssertionError(f"{exc}; before: {before_detail}; now: {fd_detail(owner.pid)}") from None
     assert_no_500(server)
 
 
@@ -342,47 +346,29 @@ def at_rest(server: Server, owner: psutil.Process) -> bool:
 
 
 def fd_detail(pid: int) -> list[str]:
-    """The server's own descriptors, each with what it points to: a pidfd's process (and
-    whether it is alive), a unix socket's peer process (from ``ss``)."""
-    peers: dict[str, str] = {}
+    """The server's own descriptors (``_own``), each with what it points to: a pidfd's
+    process, a unix socket's peer and the processes that hold that peer (from ``ss``), so a
+    failure can say what was left and what it is connected to."""
+    peers: dict[str, tuple[str, str]] = {}  # a unix socket's inode -> (its peer's inode, its holders)
     if shutil.which("ss") is not None:
         out = subprocess.run(["ss", "-xpa"], capture_output=True, text=True, timeout=10).stdout
         for line in out.splitlines():
             fields = line.split()
             if len(fields) >= 8:
-                peers[fields[5]] = fields[7]
-                holders = re.findall(r"pid=(\d+)", line)
-                peers.setdefault("holder:" + fields[5], ",".join(holders))
-    unix = _unix_socket_inodes()
+                peers.setdefault(fields[5], (fields[7], ",".join(re.findall(r"pid=(\d+)", line))))
     found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target == "anon_inode:[pidfd]":
+    for fd, target in _own(pid):
+        if target == "anon_inode:[pidfd]":
+            try:
                 lines = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
-                target += "".join(" pid " + line.split()[1] for line in lines if line.startswith("Pid:"))
-            elif target.startswith("socket:[") and target[8:-1] in unix:
-                inode = target[8:-1]
-                peer = peers.get(inode, "?")
-                target += f" peer {peer} held by {peers.get('holder:' + peer, '?')}"
-            elif target.startswith("socket:["):
-                continue
-        except OSError:
-            continue
+            except OSError:
+                continue  # closed meanwhile
+            target += "".join(" pid " + line.split()[1] for line in lines if line.startswith("Pid:"))
+        elif target.startswith("socket:["):
+            peer = peers.get(target[8:-1], ("?", "?"))[0]
+            target += f" peer {peer} held by {peers.get(peer, ('?', '?'))[1]}"
         found.append(f"{fd}={target}")
     return sorted(found, key=lambda item: int(item.split("=")[0]))
-
-
-def unix_peers(pid: int) -> str:
-    """``ss -xp``'s lines for the process ``pid``'s unix sockets (each with its peer's inode,
-    and the processes that hold that peer): what a descriptor left over is connected to."""
-    if shutil.which("ss") is None:
-        return "(ss is not installed)"
-    out = subprocess.run(["ss", "-xpa"], capture_output=True, text=True, timeout=10).stdout
-    mine = [line for line in out.splitlines() if f"pid={pid}," in line]
-    peers = {match for line in mine for match in re.findall(r"\* (\d+)", line)}
-    held = [line for line in out.splitlines() if any(f" {peer} " in line for peer in peers)]
-    return "; ".join(" ".join(line.split()) for line in mine + held)
 
 
 def test_zygote_killed_while_a_turn_waits_on_a_person(start_server: StartServer, sandbox: Path) -> None:

@@ -10,7 +10,9 @@ that file with the default options but ``--max-sessions 0``, and:
   against the same server on an empty store (``idle``);
 - ``GET /sessions/{id}`` of one session again and again (held in memory), and of sessions
   picked at random among all (almost all read from the store), p50 and p99 of each;
-- ``GET /sessions`` (every session) and ``GET /interrupts`` (every pending approval) once each;
+- ``GET /sessions`` (every session) and ``GET /interrupts`` (every pending approval) once each,
+  then ``GET /interrupts?type=tool_approval`` and ``?type=user_input`` (an approver's view and
+  a question poll ask one type), and the tree's memory after them;
 - ``POST /sessions/{id}/messages`` to a random idle session until it is idle again (a turn
   on a session read from the store).
 
@@ -128,6 +130,12 @@ def run(root: Path, label: str, filled: Path, sessions: list[tuple[str, str]], s
         status2, inbox = http.request("GET", "/interrupts")
         inboxing = time.perf_counter() - t0
         after_inbox = served.memory()["uss"]
+        typed = []  # what an approver's view and a question poll ask: the inbox of one type each
+        for kind in ("tool_approval", "user_input"):
+            t0 = time.perf_counter()
+            status3, items = http.request("GET", f"/interrupts?type={kind}")
+            typed.append((kind, status3, len(items) if isinstance(items, list) else items, time.perf_counter() - t0))
+        after_typed = served.memory()["uss"]
         turn_times = []
         for sid, kind in rng.sample([s for s in sessions if s[1] == "idle"], 20):
             t0 = time.perf_counter()
@@ -144,7 +152,8 @@ def run(root: Path, label: str, filled: Path, sessions: list[tuple[str, str]], s
         http.close()
         return {
             "label": label, "ready": ready, "idle": idle, "held": held, "after": after, "after_gets": after_gets,
-            "after_list": after_list, "after_inbox": after_inbox, "cached": cached, "anywhere": anywhere,
+            "after_list": after_list, "after_inbox": after_inbox, "after_typed": after_typed, "typed": typed,
+            "cached": cached, "anywhere": anywhere,
             "list": (status, len(listed) if isinstance(listed, list) else listed, listing),
             "inbox": (status2, len(inbox) if isinstance(inbox, list) else inbox, inboxing),
             "turns": turn_times, "health": health, "wall": time.perf_counter() - started,
@@ -179,15 +188,19 @@ def main() -> None:
         cached, anywhere = r["cached"], r["anywhere"]
         rows.append((
             r["label"], f"{r['ready']:.1f} s", mib(r["idle"]), f"{mib(r['held'])} (+{mib(r['held'] - r['idle'])})",
-            f"{mib(r['after_gets'])} / {mib(r['after_list'])} / {mib(r['after_inbox'])} / {mib(r['after'])}", f"{ms(statistics.median(cached))} / {ms(pct(cached, 0.99))}",
+            f"{mib(r['after_gets'])} / {mib(r['after_list'])} / {mib(r['after_inbox'])} / {mib(r['after_typed'])} / {mib(r['after'])}",
+            f"{ms(statistics.median(cached))} / {ms(pct(cached, 0.99))}",
             f"{ms(statistics.median(anywhere))} / {ms(pct(anywhere, 0.99))}",
             f"{statistics.median(anywhere) / statistics.median(cached):.2f}x",
             f"{r['list'][2] * 1000:.0f} ms ({r['list'][1]})", f"{r['inbox'][2] * 1000:.0f} ms ({r['inbox'][1]})",
+            " / ".join(f"{seconds * 1000:.0f} ms ({count})" for _, _, count, seconds in r["typed"]),
             ms(statistics.median(r["turns"])),
         ))
     print()
-    table(("checkout", "ready in", "tree idle (empty store)", "tree with the sessions", "after the GETs / the list / the inbox / the turns",
+    table(("checkout", "ready in", "tree idle (empty store)", "tree with the sessions",
+           "after the GETs / the list / the inbox / its two types / the turns",
            "GET one held: p50 / p99", "GET any: p50 / p99", "any / held", "GET /sessions", "GET /interrupts",
+           "then ?type=tool_approval / ?type=user_input",
            "a turn on a stored session, p50"), rows)
     for r in results:
         print(f"\n{r['label']}: /health {r['health']}")

@@ -52,6 +52,7 @@ from motus.serve.policy import ApprovalPolicy
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
 from motus.durable.records import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
 from motus.serve.store import AuditRecord, DurableStore, Event, SessionRecord, StaleSession, Store
+from motus.serve.turns.queries import InboxCache
 from motus.serve.turns.replicas import Replicas, replicas_for
 from motus.serve.turns.slots import Slots
 from motus.serve.turns.state import (
@@ -152,8 +153,8 @@ class Machine:
         #: Turns that began to wait on a person with a process (``_park_over_budget``).
         self._live_waiting: dict[Turn, None] = {}
         self._live_waiting_lock = threading.Lock()
-        #: The inbox as last read, per type asked: (``Events.inbox_generation`` then, items).
-        self._inbox_cache: dict[str | None, tuple[int, list[Any]]] = {}
+        #: The inbox as last read, for one ``Events.inbox_generation`` only (``Queries.inbox``).
+        self._inbox_cache = InboxCache(-1)
         self.slots = Slots(max_workers)
         self._closing = False
         self._stopped = False

@@ -11,14 +11,15 @@ has every committed change, another instance's too); with memory, of the session
 Reads change nothing and publish nothing.
 
 Threads: request threads. The sessions are the machine's, each guarded by its own lock;
-``_inbox_cache`` (the machine's) has each entry set whole and its lists never changed (readers
-get copies), so it needs no lock: a race only computes the same inbox twice.
+``_inbox_cache`` (the machine's, an ``InboxCache``) is replaced whole when the generation
+changes and its lists are never changed once stored (readers get copies), so it needs no
+lock: a race only computes the same inbox twice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from motus.serve.errors import SessionNotFound
@@ -32,8 +33,23 @@ from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, Se
 if TYPE_CHECKING:
     from motus.serve.turns.machine import Machine
 
-#: Inboxes kept (one per ``?type=`` asked, and the whole one) until their next change.
+#: Inboxes of one type kept (one per ``?type=`` asked) until the inbox's next change.
 INBOX_CACHE_KINDS = 16
+
+
+@dataclass
+class InboxCache:
+    """The inbox of one ``Events.inbox_generation``: the whole one once read, and one list
+    per type asked. A type's list is a filter of the whole one when that was read first (the
+    same entries, no copy), else read from the store for that type alone (cheaper: no context
+    is built for the other types). Types partition the entries, so the cache holds at most
+    two copies of any entry, and only of the current generation: a new generation starts
+    an empty cache, so the memory it holds is bounded by the pending interrupts, not by the
+    types clients ask for (16 types each read from the store once held 16 inboxes)."""
+
+    generation: int
+    whole: list[Any] | None = None
+    kinds: dict[str, list[Any]] = field(default_factory=dict)
 
 
 class Queries:
@@ -88,17 +104,27 @@ class Queries:
         one interrupt wakes every inbox long poll at once and each reads it; not on a shared
         store, where another instance's change is read here (``_all_fresh``) before it is
         published."""
-        shared = isinstance(self.store, SharedStore)
-        generation = self.events.inbox_generation
-        if not shared:
-            cached = self._inbox_cache.get(kind)
-            if cached is not None and cached[0] == generation:
-                return list(cached[1])
-        found = self._read_inbox(kind)
-        if not shared:
-            if len(self._inbox_cache) >= INBOX_CACHE_KINDS:
-                self._inbox_cache.clear()  # types come from clients' queries: keep a few
-            self._inbox_cache[kind] = (generation, found)
+        if isinstance(self.store, SharedStore):
+            return self._read_inbox(kind)
+        generation = self.events.inbox_generation  # read before the inbox: a change meanwhile makes it stale
+        cache = self._inbox_cache
+        if cache.generation != generation:
+            cache = InboxCache(generation)
+        if kind is None:
+            if cache.whole is None:
+                cache = InboxCache(generation, self._read_inbox(None))  # its types are filtered from it from now on
+            found = cache.whole
+        else:
+            found = cache.kinds.get(kind)
+            if found is None:
+                if cache.whole is not None:
+                    found = [entry for entry in cache.whole if entry.item.type == kind]
+                else:
+                    found = self._read_inbox(kind)
+                kinds = {} if len(cache.kinds) >= INBOX_CACHE_KINDS else dict(cache.kinds)  # types come from clients' queries
+                kinds[kind] = found
+                cache = InboxCache(generation, cache.whole, kinds)
+        self._inbox_cache = cache
         return list(found)
 
     def _read_inbox(self: Machine, kind: str | None) -> list[InboxEntry]:

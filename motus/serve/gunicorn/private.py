@@ -28,6 +28,7 @@ from typing import Any
 from gunicorn.arbiter import Arbiter
 from gunicorn.http.unreader import Unreader
 from gunicorn.sock import close_sockets
+from gunicorn.workers.base import Worker
 from gunicorn.workers.gthread import ThreadWorker
 
 #: What ``accept`` meets when the process (or the system) has no descriptor left for a client.
@@ -257,6 +258,17 @@ class WorkerSeam(ThreadWorker):
     def gunicorn_finish(self, conn: Any, fs: Any) -> None:
         """Keep the connection alive in the selector or close it, as ``fs``'s result says."""
         ThreadWorker.finish_request(self, conn, fs)
+
+    def gunicorn_quit(self, sig: int, frame: Any) -> None:
+        """gunicorn's quick stop (``alive`` off, the ``worker_int`` hook, ``SystemExit``),
+        without gthread's ``tpool.shutdown``. That takes the thread pool's lock from a signal
+        handler, and the frame the signal interrupted may hold it: the main loop's
+        ``submit``, or the first quit's own shutdown when a second quit signal arrives
+        meanwhile (a terminal's Ctrl-C reaches the worker and the arbiter, which then sends
+        the worker SIGQUIT). The handler then waited on it for good, and the worker was
+        killed by the arbiter 45 s later. The exit wakes and joins the pool's threads anyway
+        (``concurrent.futures``' exit hook)."""
+        Worker.handle_quit(self, sig, frame)
 
     def gunicorn_handle(self, conn: Any) -> Any:
         """Read and serve one request from the connection (blocking)."""

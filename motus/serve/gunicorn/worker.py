@@ -221,18 +221,24 @@ class MotusWorker(WorkerSeam):
 
     #: Set by the ``worker_exit`` hook (``app.worker_exit``) when the server's shutdown begins.
     motus_exiting = False
+    #: Set by the first quick stop (``handle_quit``).
+    motus_quitting = False
 
     def handle_quit(self, sig: int, frame: Any) -> None:
         """SIGQUIT or SIGINT: gunicorn's quick stop. Running turns are not waited for: they
         are treated as at the end of ``--shutdown-timeout`` (replayed at the next start, or
         cancelled with their webhooks). gunicorn's own handler raises ``SystemExit`` wherever
         the main thread is; once the server's shutdown is under way that would cut it short
-        (no cancellation, no webhooks, the store left open), so then this only hurries it."""
+        (no cancellation, no webhooks, the store left open), so then this only hurries it.
+        So does a second quit signal while the first is handled (a terminal's Ctrl-C, then
+        the arbiter's SIGQUIT): the handler it interrupts is already on its way out."""
         server = server_of(self)
         if server is not None:
             server.hurry_shutdown()
-        if not self.motus_exiting:
-            super().handle_quit(sig, frame)
+        if self.motus_exiting or self.motus_quitting:
+            return
+        self.motus_quitting = True
+        self.gunicorn_quit(sig, frame)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 

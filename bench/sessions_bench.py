@@ -11,8 +11,8 @@ that file with the default options but ``--max-sessions 0``, and:
 - ``GET /sessions/{id}`` of one session again and again (held in memory), and of sessions
   picked at random among all (almost all read from the store), p50 and p99 of each;
 - ``GET /sessions`` (every session) and ``GET /interrupts`` (every pending approval) once each,
-  then ``GET /interrupts?type=tool_approval`` and ``?type=user_input`` (an approver's view and
-  a question poll ask one type), and the tree's memory after them;
+  then ``GET /interrupts?type=tool_approval`` and ``?type=user_input`` (``motus serve inbox
+  --type`` and a client waiting for questions ask one type), and the tree's memory after them;
 - ``POST /sessions/{id}/messages`` to a random idle session until it is idle again (a turn
   on a session read from the store).
 
@@ -130,7 +130,7 @@ def run(root: Path, label: str, filled: Path, sessions: list[tuple[str, str]], s
         status2, inbox = http.request("GET", "/interrupts")
         inboxing = time.perf_counter() - t0
         after_inbox = served.memory()["uss"]
-        typed = []  # what an approver's view and a question poll ask: the inbox of one type each
+        typed = []  # as ``motus serve inbox --type`` and question polls ask: one type each
         for kind in ("tool_approval", "user_input"):
             t0 = time.perf_counter()
             status3, items = http.request("GET", f"/interrupts?type={kind}")

@@ -42,10 +42,11 @@ class InboxCache:
     """The inbox of one ``Events.inbox_generation``: the whole one once read, and one list
     per type asked. A type's list is a filter of the whole one when that was read first (the
     same entries, no copy), else read from the store for that type alone (cheaper: no context
-    is built for the other types). Types partition the entries, so the cache holds at most
-    two copies of any entry, and only of the current generation: a new generation starts
-    an empty cache, so the memory it holds is bounded by the pending interrupts, not by the
-    types clients ask for (16 types each read from the store once held 16 inboxes)."""
+    is built for the other types); reading the whole one drops the lists read alone. Types
+    partition the entries, so the cache holds one copy of each pending interrupt at most,
+    and only of the current generation: a new generation starts an empty cache, so the
+    memory it holds is bounded by the pending interrupts, not by the types clients ask for
+    (16 types each read from the store once held 16 inboxes)."""
 
     generation: int
     whole: list[Any] | None = None

@@ -132,14 +132,18 @@ def assert_parked(server: Server, sandbox: Path, parked: int = 1) -> None:
         raise AssertionError(f"turn processes {agent_processes(server, sandbox)}, health {health(server)}") from None
 
 
-def kill_server(server: Server) -> None:
-    """SIGKILL the server's whole process group (the server was started in a new session, so
+def kill_server(*servers: Server) -> None:
+    """SIGKILL each server's whole process group (a server was started in a new session, so
     its pid is the group id), as a power loss or ``kill -9`` would; then wait until every
-    process it had started has gone too (workers run in their own groups and end on their
-    own once their pipe to the dead server closes)."""
-    descendants = server.descendants()
-    os.killpg(server.process.pid, signal.SIGKILL)
-    server.process.wait(10)
+    process they had started has gone too (workers run in their own groups and end on their
+    own once their pipe to the dead server closes). Several servers are all killed before
+    any is waited for: they die together, so none outlives another by a lease and takes its
+    turns over (waiting for one's workers can take longer than that on a busy machine)."""
+    descendants = [proc for server in servers for proc in server.descendants()]
+    for server in servers:
+        os.killpg(server.process.pid, signal.SIGKILL)
+    for server in servers:
+        server.process.wait(10)
 
     def gone() -> bool:
         return not [p for p in descendants if _alive(p.pid)]

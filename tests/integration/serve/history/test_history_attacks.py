@@ -32,6 +32,7 @@ import requests
 
 from motus.serve.store import SCHEMA_VERSION
 from tests.conftest import Server, free_port, launch, wait_until
+from tests.integration.serve.durability.test_durability import kill_server
 
 TRICKY = "tests.agents.history_attack:tricky"
 HOSTILE = "tests.agents.history_attack:hostile"
@@ -249,26 +250,6 @@ def test_user_params_keys_put_in_another_order_are_stored_in_that_order(start_se
 # -- a hostile agent writes its own Result to the worker's pipe -------------------------------
 
 SMALL = [user("p0"), {"role": "assistant", "content": "p1"}, user("p2")]
-
-
-def kill_server(server: Server) -> None:
-    """SIGKILL the server's whole process group, as ``kill -9`` or a power loss would, then
-    wait until every process it had started has gone (workers end once their pipe closes)."""
-    descendants = server.descendants()
-    os.killpg(server.process.pid, signal.SIGKILL)
-    server.process.wait(10)
-
-    def gone() -> bool:
-        alive = []
-        for proc in descendants:
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        return not alive
-
-    wait_until(gone, timeout=15, what="the killed server's processes to end")
 
 
 @contextmanager

@@ -209,8 +209,8 @@ class Machine:
 
     def _hold(self, session: Session, adopt: bool) -> Session:
         """Hold a session read from the store in memory, unless another thread did first
-        (then that copy). ``adopt``: its live turn is this instance's (one process), parked
-        or queued for replay as at a start. What the inbox shows of it is remembered for
+        (then that copy). ``adopt``: its live turn is this instance's (one process, or a row
+        a shared store says this instance owns), parked or queued for replay as at a start. What the inbox shows of it is remembered for
         ``_announce``, as at a start."""
         after = After()
         with session.lock:  # held while registered: nobody uses the copy before it is adopted
@@ -295,19 +295,23 @@ class Machine:
             return result
         raise ServerUnavailable(f"Session {session_id} {why}; try again")
 
-    def _refresh_now(self, session: Session, publish: bool, load: bool = False) -> None:
+    def _refresh_now(self, session: Session, publish: bool, load: bool = False, reread: bool = False) -> None:
         """Read a stale session again under its lock, then do what that decided, with its
         waiters woken only if ``publish`` (not from a read, which may run inside a long
         poll's check). ``ServerUnavailable`` when the store cannot be read: it stays stale.
         A copy forgotten meanwhile is not the session any more: the one held now is read
         again instead (``load``: read from the store if none is, when the refresh must act,
-        e.g. adopt a turn just taken over; else nothing is held, nothing to refresh)."""
+        e.g. adopt a turn just taken over; else nothing is held, nothing to refresh).
+        ``reread``: read the row whether or not the copy is marked stale."""
         for _ in range(STALE_RETRIES):
             after = After()
             try:
                 with session.lock:
                     if not session.forgotten:
-                        self.replicas.fresh_locked(session, after)
+                        if reread and not session.deleted:
+                            self.replicas.refresh_locked(session, after)
+                        else:
+                            self.replicas.fresh_locked(session, after)
                         return
             finally:
                 if publish:

@@ -195,6 +195,10 @@ class SharedReplicas(Replicas):
         # (monotonic) no other instance's turn is taken over.
         self._lease_lost = False
         self._claim_after = 0.0
+        # Sessions claimed (``claim_orphans``) but not yet adopted here, because the store
+        # could not be read: the row names this instance, so no instance would claim them
+        # again; each renewal tries them until it succeeds.
+        self._unadopted: set[str] = set()
 
     @property
     def lease_every(self) -> float | None:
@@ -231,12 +235,15 @@ class SharedReplicas(Replicas):
         self.store.delete(session.session_id, events, version=session.version)
 
     def _load(self, session_id: str) -> Session | None:
-        """A session not held here, read from the store into the registry (its live turn,
-        if any, another instance's until a refresh says otherwise)."""
+        """A session not held here, read from the store into the registry. Its live turn is
+        another instance's (``ELSEWHERE``) until a refresh says otherwise, unless the row
+        says this instance owns it: then it is adopted at once (a request thread that reads
+        a turn just taken over, before ``renew`` does, must not leave it ``ELSEWHERE``:
+        nothing would run it, and no instance claims a turn whose owner is alive)."""
         record = self._read(session_id)
         if record is None:
             return None
-        return self.machine._hold(session_from(record), adopt=False)
+        return self.machine._hold(session_from(record), adopt=record.owner == self.instance)
 
     def _read(self, session_id: str) -> SessionRecord | None:
         return _read(self.store, session_id)
@@ -264,7 +271,8 @@ class SharedReplicas(Replicas):
                 version = self.store.version_of(session.session_id)
             except Exception as exc:
                 raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
-            session.stale = version != session.version
+            if version != session.version:
+                session.stale = True  # never cleared here: a mark set while the store answered stands
         if session.stale:
             self.refresh_locked(session, after)
 
@@ -381,16 +389,20 @@ class SharedReplicas(Replicas):
             return
         for session_id in claimed:
             log.info("taking over the turn of session %s from an instance whose lease lapsed", session_id)
+        for session_id in [*self._unadopted, *claimed]:
             try:
                 session = self.machine._lookup(session_id) or self.machine._load(session_id)
-                if session is None:
-                    continue
-                session.stale = True
-                # ``load``: a copy forgotten before its lock is taken (it was another
-                # instance's turn until now) is read again, and the turn adopted on that one.
-                self.machine._refresh_now(session, publish=True, load=True)
+                if session is not None:
+                    # The row is read again under the session's lock whatever its stale mark
+                    # says (a request thread's version check may run at the same time), and
+                    # its turn adopted. ``load``: a copy forgotten before its lock is taken
+                    # (another instance's turn until now) is read again, adopted on that one.
+                    self.machine._refresh_now(session, publish=True, load=True, reread=True)
             except ServerUnavailable as exc:
-                log.warning("session %s: %s", session_id, exc.detail)
+                self._unadopted.add(session_id)
+                log.warning("session %s: %s; taking its turn over is tried again", session_id, exc.detail)
+            else:
+                self._unadopted.discard(session_id)
 
 
 def ask_store(query: Callable[[], T]) -> T:

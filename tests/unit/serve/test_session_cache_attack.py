@@ -222,13 +222,10 @@ def postgres() -> Iterator[list[Any]]:
             pass
 
 
-def test_an_orphan_taken_over_while_another_thread_trims_is_never_run(pg_url: str, postgres: list[Any], make_turns: MakeTurns) -> None:
-    """PostgreSQL: ``SharedReplicas.renew`` loads a claimed orphan (``_load``: its turn
-    ``ELSEWHERE``, owned by the gone instance, so ``may_forget`` says yes), then adopts it in
-    ``_refresh_now``. A request thread's ``_trim`` in between forgets the copy: the adoption
-    happens on the forgotten copy, whose queued turn ``_grant`` never finds. The store says
-    this instance owns a running turn; nothing runs it, and the copy read back later is
-    ``ELSEWHERE`` with ``owner`` this instance, which no path adopts."""
+def an_orphan_of_a_gone_instance(pg_url: str, postgres: list[Any]) -> Any:
+    """A PostgreSQL store with the session ``orphan``, whose running turn belongs to an
+    instance that died without giving its lease up (lapsed); returns a live instance's store,
+    open, which has not looked for orphans yet."""
     import psycopg
 
     from motus.serve.store import TurnRecord
@@ -245,6 +242,17 @@ def test_an_orphan_taken_over_while_another_thread_trims_is_never_run(pg_url: st
     live = PostgresStore(pg_url, lease_seconds=15.0)
     postgres.append(live)
     live.open()
+    return live
+
+
+def test_an_orphan_taken_over_while_another_thread_trims_is_never_run(pg_url: str, postgres: list[Any], make_turns: MakeTurns) -> None:
+    """PostgreSQL: ``SharedReplicas.renew`` loads a claimed orphan (``_load``: its turn
+    ``ELSEWHERE``, owned by the gone instance, so ``may_forget`` says yes), then adopts it in
+    ``_refresh_now``. A request thread's ``_trim`` in between forgets the copy: the adoption
+    happens on the forgotten copy, whose queued turn ``_grant`` never finds. The store says
+    this instance owns a running turn; nothing runs it, and the copy read back later is
+    ``ELSEWHERE`` with ``owner`` this instance, which no path adopts."""
+    live = an_orphan_of_a_gone_instance(pg_url, postgres)
     if True:
         turns, pool = make_turns(store=live, session_cache=1, start=False)
         other = turns.create().session_id
@@ -265,3 +273,84 @@ def test_an_orphan_taken_over_while_another_thread_trims_is_never_run(pg_url: st
         view = turns.get("orphan")
         state = turns._lookup("orphan").turn.state  # noqa: SLF001
         assert launched == ["orphan"], f"the claimed turn was never started; it is {view.status.value}, its turn {state.value}"
+
+
+@pytest.mark.parametrize("read", ["after the claim", "before the claim"])
+def test_an_orphan_a_request_reads_while_it_is_taken_over_is_run_once(
+    pg_url: str, postgres: list[Any], make_turns: MakeTurns, read: str
+) -> None:
+    """PostgreSQL, found by the split-brain test under load: ``renew`` claims the orphan while
+    a request thread reads the session from the store and, holding its lock, asks the store
+    for its version. ``renew`` marks the copy stale and waits for the lock; the request's
+    version check, answered before the mark, cleared it. ``renew`` then found a copy it took
+    for fresh, whose turn was ``ELSEWHERE`` (with ``owner`` this instance, when the request
+    read the row after the claim): nothing ran the turn, and no instance would claim it again
+    (its owner is alive). Now a version check never clears a mark, ``renew`` reads the row
+    again whatever the mark says, and a read of a row that names this instance adopts its
+    turn."""
+    live = an_orphan_of_a_gone_instance(pg_url, postgres)
+    turns, pool = make_turns(store=live, start=False)
+    turns.pool = pool  # the pool is up; renew is what start() calls first
+    arrived, release = threading.Event(), threading.Event()
+    original_version_of, original_claim = live.version_of, live.claim_orphans
+
+    def version_of(session_id: str) -> Any:
+        version = original_version_of(session_id)
+        if threading.current_thread().name == "request":
+            arrived.set()  # answered: renew's mark comes after this answer
+            assert release.wait(DEADLINE)
+        return version
+
+    def claim_orphans(*args: Any, **kwargs: Any) -> list[str]:
+        if read == "after the claim":
+            claimed = original_claim(*args, **kwargs)
+        in_thread("request", lambda: turns.get("orphan"))
+        assert arrived.wait(DEADLINE), "the request never asked for the version"
+        if read == "before the claim":
+            claimed = original_claim(*args, **kwargs)
+        return claimed
+
+    live.version_of, live.claim_orphans = version_of, claim_orphans  # type: ignore[method-assign]
+    renewer, out = in_thread("renewer", turns.replicas.renew)
+
+    def renew_waits_for_the_lock() -> bool:
+        frame = sys._current_frames().get(renewer.ident or 0)  # noqa: SLF001
+        return frame is not None and frame.f_code.co_name == "_refresh_now"
+
+    wait_until(lambda: renew_waits_for_the_lock() or not renewer.is_alive(), timeout=DEADLINE, what="renew to wait for the session")
+    release.set()
+    renewer.join(DEADLINE)
+    assert not renewer.is_alive() and "error" not in out, out
+    wait_until(lambda: not any(t.name == "request" for t in threading.enumerate()), timeout=DEADLINE, what="the request")
+    assert live.load_one("orphan").owner == live.instance_id  # claimed: this instance's to run
+    launched = [h.session_id for h in pool.launched]
+    state = turns._lookup("orphan").turn.state  # noqa: SLF001
+    assert launched == ["orphan"], f"the claimed turn was started {len(launched)} times; its turn is {state.value}"
+
+
+def test_an_orphan_claimed_while_the_store_cannot_be_read_is_adopted_at_the_next_renewal(
+    pg_url: str, postgres: list[Any], make_turns: MakeTurns
+) -> None:
+    """PostgreSQL: ``renew`` claims the orphan, then cannot read its row (the database went
+    away between the two statements). The row names this instance, so no instance claims it
+    again: before, the turn stayed unrun until a restart. The next renewal adopts it."""
+    live = an_orphan_of_a_gone_instance(pg_url, postgres)
+    turns, pool = make_turns(store=live, start=False)
+    turns.pool = pool
+    original = live.load_one
+    failures = [1]
+
+    def load_one(session_id: str) -> Any:
+        if failures:
+            failures.pop()
+            raise OSError("the database went away")
+        return original(session_id)
+
+    live.load_one = load_one  # type: ignore[method-assign]
+    turns.replicas.renew()
+    assert not failures and not pool.launched
+    assert live.load_one("orphan").owner == live.instance_id  # claimed, not yet adopted
+    turns.replicas.renew()
+    assert [h.session_id for h in pool.launched] == ["orphan"]
+    turns.replicas.renew()  # adopted once: a later renewal leaves it alone
+    assert [h.session_id for h in pool.launched] == ["orphan"]

@@ -36,7 +36,7 @@ import psutil
 import pytest
 import requests
 
-from tests.support import http, launcher, pg
+from tests.support import http, launcher, pg, processes
 from tests.support.processes import alive as _alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -450,45 +450,38 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
         yield get
 
 
-def _children() -> set[int]:
-    """Direct children only: a server's own workers come and go with its turns, and
-    ``Server.stop`` checks that none of them outlives the server."""
-    found = set()
-    for child in psutil.Process().children(recursive=False):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                found.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
-    """Fail a test that leaves child processes or threads running after it ends."""
+    """Fail a test that leaves child processes or threads running after it ends. A child
+    counts when the test started it (its start time, ``processes.started_since``); the
+    verdict "none left" is always psutil's full scan."""
     threads_before = set(threading.enumerate())
-    children_before = _children()
+    started = processes.now_ticks()
     # A PostgreSQL cluster that outlives the test (``pg_cluster``) is our child, and a new
     # one after a test's ``restart()``: its server is the cluster's to stop, not a leak.
     clusters_before = pg.live_clusters()
     yield
 
-    def new_children() -> set[int]:
+    def new_children(exact: bool = False) -> set[int]:
         # The session's cluster may first be asked for inside a test (getfixturevalue): it
         # outlives the test by design.
         kept = {c.pid for c in [*clusters_before, *pg.live_clusters()] if c.pid is not None and (c in clusters_before or c.session_scoped)}
         kept |= launcher.template_pids()  # the servers' templates live for the session
-        return _children() - children_before - kept - _SHARED_SERVERS
+        return processes.started_since(started, exact=exact) - kept - _SHARED_SERVERS
 
-    def clean() -> bool:
-        return not new_children() and not (set(threading.enumerate()) - threads_before)
+    def clean(exact: bool) -> bool:
+        return not new_children(exact) and not (set(threading.enumerate()) - threads_before)
 
+    deadline = time.monotonic() + 10
     try:
-        wait_until(clean, timeout=10, interval=0.05, what="the test's processes and threads to end")
+        wait_until(lambda: clean(exact=False), timeout=10, interval=0.05, what="the test's processes and threads to end")
+        wait_until(lambda: clean(exact=True), timeout=max(0.1, deadline - time.monotonic()), interval=0.05,
+                   what="the test's processes and threads to end")
     except AssertionError:
-        leftover_children = [psutil.Process(pid).cmdline() for pid in new_children() if psutil.pid_exists(pid)]
+        leftovers = new_children(exact=True)
+        leftover_children = [psutil.Process(pid).cmdline() for pid in leftovers if psutil.pid_exists(pid)]
         leftover_threads = [t.name for t in set(threading.enumerate()) - threads_before]
-        for pid in new_children():
+        for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -9,6 +9,7 @@ provider or the sandbox during another.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -22,6 +23,14 @@ from tests.conftest import Server, wait_until
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import agent_env, kill_server, lines, refused_start, resume_ok, store_url, wait_idle  # noqa: F401
 from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn  # noqa: F401
+
+
+def needs(package: str) -> None:
+    """Skip unless ``package`` (a framework's SDK) is installed, without importing it here:
+    the SDK runs in the servers and subprocesses the test starts, and its import in the test
+    process only cost CPU (openai-agents ~3.6 s, anthropic ~3 s, pydantic-ai ~1.8 s)."""
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"needs the {package} package (pip install 'motus[test]')")
 
 
 class SharedProvider(FakeProvider):

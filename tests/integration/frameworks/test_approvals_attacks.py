@@ -20,6 +20,7 @@ from tests.support.fakes.fixtures import fake_provider  # noqa: F401 - fixture
 from tests.support.fakes.providers import FakeProvider, openai_text, openai_tool_calls
 from tests.integration.serve.durability.test_durability import agent_env, lines, resume_ok, store_url, wait_settled
 from tests.integration.serve.approvals.test_hitl import interrupted, resume, start_turn
+from tests.integration.frameworks.helpers import needs
 
 FRAMEWORK_AGENTS = [
     pytest.param("agents", "tests.agents.frameworks.openai_agents:agent", id="openai-agents"),
@@ -39,7 +40,7 @@ def test_a_session_grant_learned_in_a_replay_does_not_approve_a_call_the_person_
     """Two gated calls of one tool at once; the turn parks; the person approves one "for the
     session" and rejects the other. The replay must not let the grant (learned from the first
     answer it reads back) wave through the call the first run asked about and was refused."""
-    pytest.importorskip(package)
+    needs(package)
     fake = fake_provider
     fake.script(openai_tool_calls(("call_a", "touch", {"path": "a.txt"}), ("call_b", "touch", {"path": "b.txt"})))
     server = start_server(agent, "--store", store_url(tmp_path / "s.db"), "--park-after", "0", env=agent_env(sandbox, fake))
@@ -77,7 +78,7 @@ ODD_VALUES = [
 def test_a_framework_approval_of_any_odd_shape_is_a_rejection_and_never_runs_the_tool(
     package: str, agent: str, start_server: Callable[..., Server], fake_provider: FakeProvider, sandbox: Path
 ) -> None:
-    pytest.importorskip(package)
+    needs(package)
     fake = fake_provider
     server = start_server(agent, env=agent_env(sandbox, fake))
     for index, value in enumerate(ODD_VALUES):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, server_env
+from tests.integration.frameworks.helpers import needs
 
 
 def run(code: str) -> str:
@@ -34,7 +35,7 @@ def test_a_plain_agent_imports_no_framework() -> None:
     ],
 )
 def test_a_framework_agent_is_served_through_its_adapter(path: str, package: str, adapter: str) -> None:
-    pytest.importorskip(package)
+    needs(package)
     out = run(
         "import inspect; from motus.serve.agents import load_agent, check_agent, ServableAgent; "
         f"a = load_agent({path!r}); check_agent(a); "
@@ -44,7 +45,7 @@ def test_a_framework_agent_is_served_through_its_adapter(path: str, package: str
 
 
 def test_another_object_of_a_framework_is_refused_as_before() -> None:
-    pytest.importorskip("agents")
+    needs("agents")
     out = run(
         "from motus.serve.agents import load_agent, AgentLoadError\n"
         "try:\n    load_agent('tests.agents.frameworks.openai_agents:touch')\n"

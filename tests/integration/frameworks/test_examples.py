@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server
-from tests.integration.frameworks.helpers import approval, interrupted, resume_ok, session_messages, start_turn, wait_idle
+from tests.integration.frameworks.helpers import approval, interrupted, needs, resume_ok, session_messages, start_turn, wait_idle
 
 EXAMPLES = [
     pytest.param("examples.openai_agents.notes_agent:agent", "agents", id="openai-agents"),
@@ -19,7 +19,7 @@ EXAMPLES = [
 
 @pytest.mark.parametrize(("agent", "package"), EXAMPLES)
 def test_the_example_asks_before_deleting_notes(start_server: Callable[..., Server], tmp_path: Path, agent: str, package: str) -> None:
-    pytest.importorskip(package)
+    needs(package)
     notes = tmp_path / "notes"  # missing: the example creates it with its sample notes
     server = start_server(agent, env={"MOTUS_EXAMPLE_DIR": str(notes), "MOTUS_EXAMPLE_OFFLINE": "1", "OPENAI_API_KEY": ""})
     assert "using the offline scripted model because MOTUS_EXAMPLE_OFFLINE is set" in server.log()  # says so at start

@@ -47,7 +47,7 @@ def now_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
 
 
-def _started_at(pid: int) -> int | None:
+def started_at(pid: int) -> int | None:
     """The start time of a running (not zombie) process ``pid``, or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -78,4 +78,4 @@ def started_since(ticks: int, exact: bool = False) -> set[int]:
     pids = None if exact else _listed_children()
     if pids is None:
         pids = {child.pid for child in psutil.Process().children(recursive=False)}
-    return {pid for pid in pids if (started := _started_at(pid)) is not None and started >= ticks - 1}
+    return {pid for pid in pids if (started := started_at(pid)) is not None and started >= ticks - 1}

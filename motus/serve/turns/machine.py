@@ -210,8 +210,8 @@ class Machine:
     def _hold(self, session: Session, adopt: bool) -> Session:
         """Hold a session read from the store in memory, unless another thread did first
         (then that copy). ``adopt``: its live turn is this instance's (one process, or a row
-        a shared store says this instance owns), parked or queued for replay as at a start. What the inbox shows of it is remembered for
-        ``_announce``, as at a start."""
+        a shared store says this instance owns), parked or queued for replay as at a start.
+        What the inbox shows of it is remembered for ``_announce``, as at a start."""
         after = After()
         with session.lock:  # held while registered: nobody uses the copy before it is adopted
             with self._registry:

@@ -574,27 +574,31 @@ def test_three_instances_started_at_once_on_a_version_2_database_one_killed_mid_
                            "AND now() - query_start > interval '6 seconds' AND pid <> pg_backend_pid()")
         return rows[0][0] == 3
 
-    def moving() -> psutil.Process | None:
-        # The move writes each history with the store's one history statement (a WITH
-        # whose INSERT INTO motus_messages is not at the start of the text). Only a statement
-        # running now: pg_stat_activity keeps an idle connection's last query, and on a fast
-        # machine the move had ended and its instance was healthy when such a connection was
-        # killed (seen once in CI: all three started).
-        rows = sql(pg_url, "SELECT client_port FROM pg_stat_activity WHERE query LIKE '%%INSERT INTO motus_messages%%' "
-                           "AND state = 'active' AND pid <> pg_backend_pid()")
+    def moving(holder_pid: int) -> psutil.Process | None:
+        # The move is held at one session's row, which the test has locked: the instance
+        # moving is the one whose connection waits for the test's (none of the others can
+        # reach that row without the schema lock the mover holds). Found this way, the move
+        # is still under way when it is killed however fast the machine (racing a running
+        # move for the kill, it had once ended and its instance was healthy first).
+        rows = sql(pg_url, "SELECT client_port FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", holder_pid)
         return _process_with_port(rows[0][0]) if rows else None
 
     threads = [threading.Thread(target=start, args=(n,)) for n in range(3)]
     try:
-        with psycopg.connect(pg_url, autocommit=True) as holder:
+        with psycopg.connect(pg_url, autocommit=True) as holder, psycopg.connect(pg_url) as row_holder:
+            # Half way through the sessions (the move reads them in no set order, so this
+            # one is reached after some and before others, whatever the order).
+            row_holder.execute("SELECT 1 FROM motus_sessions WHERE session_id = %s FOR UPDATE", (f"v2-{MIGRATED // 2:05d}",))
             holder.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
             for thread in threads:
                 thread.start()
             wait_until(waited_past_lock_timeout, timeout=60, interval=0.1,
                        what="three instances to wait on the schema lock for more than 6 s")
             holder.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
-        mover = wait_until(moving, timeout=60, interval=0.005, what="an instance to move the histories")
-        os.killpg(os.getpgid(mover.pid), signal.SIGKILL)  # type: ignore[union-attr]
+            mover = wait_until(lambda: moving(row_holder.info.backend_pid), timeout=60, interval=0.02,
+                               what="an instance's move to reach the session the test holds")
+            os.killpg(os.getpgid(mover.pid), signal.SIGKILL)  # type: ignore[union-attr]
+            row_holder.rollback()  # the survivors' moves go past it
     finally:
         for thread in threads:
             if thread.ident is not None:  # started

@@ -21,7 +21,6 @@ import logging
 import math
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -40,8 +39,6 @@ from motus.api.schemas import (
     AuditEntry,
     CreateSessionRequest,
     Grant,
-    InboxContext,
-    InboxItem,
     HealthResponse,
     InterruptInfo,
     MessageAccepted,
@@ -54,7 +51,8 @@ from motus.api.schemas import (
     WhoAmI,
 )
 from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, TooManyWaiters, Unauthorized, Unprocessable
-from motus.serve.live import describe_turn, message_text
+from motus.serve.inbox_json import inbox_items
+from motus.serve.live import describe_turn
 from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
 from motus.serve.turns import PendingInterrupt, SessionStatus, SessionView
@@ -577,22 +575,9 @@ def inbox() -> Response:
             found = turns.wait_inbox(kind, timeout)
     else:
         found = turns.inbox(kind)
-    counts = Counter(entry.session_id for entry in found)
-    seen: Counter[str] = Counter()
-    items = []
-    for entry in found:
-        item, context = entry.item, entry.context
-        seen[entry.session_id] += 1
-        items.append(InboxItem(
-            session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=_shown_payload(item.payload),
-            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **_quorum_fields(item, context.by),
-            context=InboxContext(
-                session_title=context.title, message=message_text(context.message), sent_by=context.by,
-                sent_at=isoformat(context.started_at), agent_text=context.agent_text,
-            ),
-            position=seen[entry.session_id], of=counts[entry.session_id],
-        ).model_dump(mode="json"))
-    return jsonify(items)
+    # Built as dicts, not through InboxItem (the schema): thousands of items are one answer
+    # on a request thread holding the GIL (motus.serve.inbox_json).
+    return jsonify(inbox_items(found, turns.shown_payload, turns.quorum_state))
 
 
 @api.get("/events")

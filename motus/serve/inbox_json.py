@@ -1,0 +1,109 @@
+"""The inbox's answer (``GET /interrupts``) built as JSON-ready dicts, item by item.
+
+Guarantee: each item is, key for key and in the same order, what
+``InboxItem(...).model_dump(mode="json")`` gives for the same pending interrupt (the API's
+model stays the schema: the OpenAPI document and the clients read it;
+``tests/unit/serve/test_inbox_json.py`` holds the two side by side).
+
+Why not the model: an inbox of thousands of pending approvals is one answer, built on a
+request thread that holds the GIL all the while, so every other request waits for it. The
+model costs ~25 us an item (validating the fields, then the serializer that drops the quorum
+fields), four fifths of the answer's time besides the JSON text; these dicts a fraction of
+that. The payload goes through pydantic-core's own conversion of arbitrary values
+(``to_jsonable_python``, in Rust), the one the model's ``payload`` field used, so a value
+the model would have shown in some form is shown in the same form (a NaN or an infinity as
+``null``, as the model's JSON mode does, never as text no JSON parser reads).
+
+Pure: no Flask, no server; the caller passes the two policy lookups it needs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pydantic_core import to_jsonable_python
+
+from motus.api.approvers import approval_record
+from motus.serve.events import isoformat
+from motus.serve.live import message_text
+
+
+class _Pending(Protocol):
+    interrupt_id: str
+    payload: Any
+    created_at: float | None
+    expires_at: float | None
+    approvals: Any
+
+    @property
+    def type(self) -> str: ...
+
+
+class _Context(Protocol):
+    title: str | None
+    message: Any
+    by: str | None
+    started_at: float | None
+    agent_text: str | None
+
+
+class _Entry(Protocol):
+    session_id: str
+    item: _Pending
+    context: _Context
+
+
+def inbox_items(
+    entries: Sequence[_Entry],
+    shown_payload: Callable[[Any], Any],
+    quorum_state: Callable[[Any, Any, str | None], tuple[int, Sequence[Mapping[str, Any]]]],
+) -> list[dict[str, Any]]:
+    """The items of ``entries`` (oldest first, as the inbox lists them), each numbered among
+    its session's (``position`` of ``of``). ``shown_payload(payload)``: the payload as clients
+    see it (with the enforced policy); ``quorum_state(payload, approvals, sender)``: its
+    quorum and the approvals that count (``Machine.quorum_state``)."""
+    counts = Counter(entry.session_id for entry in entries)
+    seen: Counter[str] = Counter()
+    items = []
+    for entry in entries:
+        seen[entry.session_id] += 1
+        items.append(_item(entry, shown_payload, quorum_state, seen[entry.session_id], counts[entry.session_id]))
+    return items
+
+
+def _item(
+    entry: _Entry,
+    shown_payload: Callable[[Any], Any],
+    quorum_state: Callable[[Any, Any, str | None], tuple[int, Sequence[Mapping[str, Any]]]],
+    position: int,
+    of: int,
+) -> dict[str, Any]:
+    item, context = entry.item, entry.context
+    shown: dict[str, Any] = {
+        "interrupt_id": item.interrupt_id,
+        "type": item.type,
+        "payload": to_jsonable_python(shown_payload(item.payload), inf_nan_mode="null"),
+        "created_at": isoformat(item.created_at),
+        "expires_at": isoformat(item.expires_at),  # the inbox always shows both times
+    }
+    quorum, given = quorum_state(item.payload, item.approvals, context.by)
+    if quorum > 1:  # only an interrupt with a quorum has these (at least one more is needed)
+        shown["approvals"] = _approvals(given)
+        shown["approvals_needed"] = max(quorum - len(given), 1)
+    shown["session_id"] = entry.session_id
+    shown["context"] = {
+        "session_title": context.title,
+        "message": message_text(context.message),
+        "sent_by": context.by,
+        "sent_at": isoformat(context.started_at),
+        "agent_text": context.agent_text,
+    }
+    shown["position"] = position
+    shown["of"] = of
+    return shown
+
+
+def _approvals(given: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [approval_record(approval, isoformat) for approval in given]

@@ -1,0 +1,130 @@
+"""``motus.serve.inbox_json``: the inbox's items built without the API's models are, key for
+key and in order, what ``InboxItem(...).model_dump(mode="json")`` gives (the model is the
+oracle here, built the way the view built it before)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from motus.api.approvers import approval_record
+from motus.api.schemas import Approval, InboxContext, InboxItem
+from motus.serve.events import isoformat
+from motus.serve.inbox_json import inbox_items
+from motus.serve.live import MAX_TEXT, message_text
+from motus.serve.turns.queries import InboxEntry, TurnContext
+from motus.serve.turns.state import PendingInterrupt
+
+T0 = 1_764_000_000.123456
+
+
+def by_model(entries: list[InboxEntry], shown: Any, quorum_state: Any) -> list[dict[str, Any]]:
+    """The items as the view built them through the models."""
+    counts = Counter(entry.session_id for entry in entries)
+    seen: Counter[str] = Counter()
+    items = []
+    for entry in entries:
+        item, context = entry.item, entry.context
+        seen[entry.session_id] += 1
+        quorum, given = quorum_state(item.payload, item.approvals, context.by)
+        extra: dict[str, Any] = {}
+        if quorum > 1:
+            extra = {"approvals": [Approval(**approval_record(a, isoformat)) for a in given],
+                     "approvals_needed": max(quorum - len(given), 1)}
+        items.append(InboxItem(
+            session_id=entry.session_id, interrupt_id=item.interrupt_id, type=item.type, payload=shown(item.payload),
+            created_at=isoformat(item.created_at), expires_at=isoformat(item.expires_at), **extra,
+            context=InboxContext(
+                session_title=context.title, message=message_text(context.message), sent_by=context.by,
+                sent_at=isoformat(context.started_at), agent_text=context.agent_text,
+            ),
+            position=seen[entry.session_id], of=counts[entry.session_id],
+        ).model_dump(mode="json"))
+    return items
+
+
+def no_quorum(_payload: Any, _approvals: Any, _sender: str | None) -> tuple[int, list[Any]]:
+    return 1, []
+
+
+def quorum_from_payload(payload: Any, approvals: Any, sender: str | None) -> tuple[int, list[Any]]:
+    """A stand-in for ``Machine.quorum_state``: the payload's ``quorum``; the sender's own
+    approval does not count."""
+    quorum = payload.get("quorum", 1)
+    return quorum, [a for a in approvals if a.get("by") != sender] if quorum > 1 else []
+
+
+def entry(session_id: str, payload: dict[str, Any], ref: str = "int-1", context: TurnContext | None = None,
+          **times: Any) -> InboxEntry:
+    return InboxEntry(session_id, PendingInterrupt(ref, payload, **times),
+                      context or TurnContext(None, None, None, None, None))
+
+
+def same(entries: list[InboxEntry], shown: Any = lambda p: p, quorum_state: Any = no_quorum) -> None:
+    fast = inbox_items(entries, shown, quorum_state)
+    oracle = by_model(entries, shown, quorum_state)
+    # Key order counts (the answer is written in it): compare the JSON text too.
+    assert json.dumps(fast) == json.dumps(oracle)
+    assert fast == oracle or json.dumps(fast) == json.dumps(oracle)  # NaN is not equal to itself
+
+
+APPROVAL = {"type": "tool_approval", "tool_name": "delete_file", "arguments": {"path": "/tmp/x"}}
+
+
+def test_a_bare_approval() -> None:
+    same([entry("s1", APPROVAL)])
+
+
+def test_times_and_a_whole_context() -> None:
+    context = TurnContext("Logs", {"role": "user", "content": "delete the old logs"}, "alice", T0, "I will look first.")
+    same([entry("s1", APPROVAL, context=context, created_at=T0, expires_at=T0 + 3600)])
+
+
+def test_a_long_message_is_cut_as_the_model_cut_it() -> None:
+    context = TurnContext(None, {"role": "user", "content": "x" * (MAX_TEXT + 10)}, None, None, None)
+    same([entry("s1", APPROVAL, context=context)])
+    context = TurnContext(None, {"role": "user", "content": [{"type": "text", "text": "parts"}]}, None, None, None)
+    same([entry("s1", APPROVAL, context=context)])
+
+
+@pytest.mark.parametrize("approvals", [(), ({"by": "bob", "at": T0},), ({"by": "bob", "at": T0}, {"by": "carol", "at": None})],
+                         ids=["none-yet", "one", "met-already"])
+def test_a_quorum_shows_its_approvals_and_how_many_more(approvals: tuple[dict[str, Any], ...]) -> None:
+    payload = {**APPROVAL, "quorum": 2}
+    context = TurnContext(None, {"role": "user", "content": "pay"}, "alice", T0, None)
+    same([entry("s1", payload, context=context, approvals=approvals)], quorum_state=quorum_from_payload)
+
+
+def test_the_senders_own_approval_is_not_counted() -> None:
+    payload = {**APPROVAL, "quorum": 2}
+    context = TurnContext(None, None, "alice", None, None)
+    same([entry("s1", payload, context=context, approvals=({"by": "alice", "at": T0},))], quorum_state=quorum_from_payload)
+
+
+def test_items_are_numbered_within_their_session() -> None:
+    entries = [entry("s1", APPROVAL, "a"), entry("s2", APPROVAL, "b"), entry("s1", {"type": "user_input", "question": "?"}, "c"),
+               entry("s1", APPROVAL, "d")]
+    items = inbox_items(entries, lambda p: p, no_quorum)
+    assert [(i["session_id"], i["position"], i["of"]) for i in items] == [("s1", 1, 3), ("s2", 1, 1), ("s1", 2, 3), ("s1", 3, 3)]
+    same(entries)
+
+
+@pytest.mark.parametrize("payload", [
+    {"type": "custom", "values": (1, 2, (3,)), "nested": {"deep": [{"x": None}]}},
+    {"type": "custom", "text": "naïve ✓ \u202e", "lone": "\udc80"},
+    {"type": "custom", "big": 2**70, "small": -0.0, "nan": float("nan"), "inf": float("inf")},
+    {"type": 7, "no": "string type"},
+    {"question": "no type at all"},
+], ids=["tuples", "unicode", "numbers", "odd-type", "no-type"])
+def test_odd_payloads_are_shown_as_the_model_showed_them(payload: dict[str, Any]) -> None:
+    same([entry("s1", payload)])
+
+
+def test_the_shown_payload_is_the_policys() -> None:
+    def shown(payload: dict[str, Any]) -> dict[str, Any]:
+        return {**payload, "quorum": 3, "roles": ["finance"]}
+
+    same([entry("s1", APPROVAL)], shown=shown)

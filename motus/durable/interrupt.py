@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from motus.durable.journal import Journal, canonical_payload, current_parent, unpack
-from motus.durable.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
+from motus.durable.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds, lone_surrogate_key_problem
 from motus.durable.records import INTERRUPT, Ack, Interrupt, Interrupts, Record, Resume
 
 __all__ = ["interrupt", "was_asked", "session_grants", "flush_stdio", "end_group", "MAX_INTERRUPT_BYTES", "EXIT_GRACE_SECONDS"]
@@ -275,9 +275,13 @@ def _as_json_object(payload: Any) -> dict[str, Any]:
     if json_depth_exceeds(payload):
         raise ValueError(f"Interrupt payload nested too deeply: the limit is {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(_STRICT_JSON.encode(payload))
+        shown = json.loads(_STRICT_JSON.encode(payload))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"interrupt() payload must be JSON-serializable: {exc}") from None
+    problem = lone_surrogate_key_problem(shown, "interrupt() payload")
+    if problem is not None:  # JSON escapes it, but no view of the interrupt could show it
+        raise ValueError(problem)
+    return shown
 
 
 def _check_timeout(timeout: float | None) -> float | None:

@@ -14,6 +14,7 @@ every limit costs at most about 20 times its size at peak (plus a few MiB for a 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -70,6 +71,37 @@ def key_with_lone_surrogate(value: Any) -> str | None:
         elif isinstance(item, list):
             stack.extend(child for child in item if isinstance(child, (dict, list)))
     return None
+
+
+def lone_surrogate_key_problem(value: Any, what: str) -> str | None:
+    """Why ``value`` (``what``: "Request body", "interrupt() payload") cannot be kept: an
+    object key holding a lone surrogate (``key_with_lone_surrogate``); None when it can."""
+    key = key_with_lone_surrogate(value)
+    if key is None:
+        return None
+    return (f"{what} has the object key {json.dumps(key)}, which holds a lone surrogate (half of a UTF-16 pair) "
+            "and cannot be written as text; use the whole character")
+
+
+def without_lone_surrogate_keys(value: Any) -> Any:
+    """``value`` with each lone surrogate in an object key (at any depth) replaced the way
+    UTF-8 text with one is read back (U+FFFD for each of its bytes). For a payload an
+    earlier motus stored before such keys were refused at the door: it is still shown, not
+    a 500. Containers without such a key are returned as they are."""
+    if isinstance(value, dict):
+        return {
+            (_replace_surrogates(key) if isinstance(key, str) else key): without_lone_surrogate_keys(child)
+            for key, child in value.items()
+        }
+    if isinstance(value, list):
+        return [without_lone_surrogate_keys(child) for child in value]
+    return value
+
+
+def _replace_surrogates(text: str) -> str:
+    if not _LONE_SURROGATE.search(text):
+        return text
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def containers_upper_bound(raw: bytes) -> int:

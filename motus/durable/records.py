@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from motus.durable.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds
+from motus.durable.jsonshape import MAX_JSON_DEPTH, json_depth_exceeds, key_with_lone_surrogate
 
 #: The kinds of journal records, in the words replay errors use.
 INTERRUPT, MODEL, TOOL, STEP = "interrupt", "model", "tool", "step"
@@ -263,6 +263,8 @@ def _interrupt_problem(message: Interrupt) -> str | None:
     if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout < math.inf):
         return "its timeout is not a finite number of seconds > 0"
     problem = _not_json(message.payload)
+    if problem is None and key_with_lone_surrogate(message.payload) is not None:
+        problem = "its payload has an object key holding a lone surrogate (no view of it could show it)"
     if problem is None and timeout is not None:
         # The default matters (and a worker checks it) only with a timeout: without one, an
         # agent may pass anything, and it is never used. A worker bounds the payload's

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from motus.api.approvers import approval_record
+from motus.durable.jsonshape import without_lone_surrogate_keys
 from motus.serve.events import isoformat
 from motus.serve.live import message_text
 
@@ -84,7 +85,7 @@ def _item(
     shown: dict[str, Any] = {
         "interrupt_id": item.interrupt_id,
         "type": item.type,
-        "payload": to_jsonable_python(shown_payload(item.payload), inf_nan_mode="null"),
+        "payload": _jsonable(shown_payload(item.payload)),
         "created_at": isoformat(item.created_at),
         "expires_at": isoformat(item.expires_at),  # the inbox always shows both times
     }
@@ -103,6 +104,16 @@ def _item(
     shown["position"] = position
     shown["of"] = of
     return shown
+
+
+def _jsonable(payload: Any) -> Any:
+    try:
+        return to_jsonable_python(payload, inf_nan_mode="null")
+    except UnicodeEncodeError:
+        # An object key with a lone surrogate (pydantic-core writes keys as UTF-8): refused at
+        # the door since, but an earlier motus stored such payloads. Shown with U+FFFD in its
+        # place, as the model showed a top-level one, not a 500 for the whole inbox.
+        return to_jsonable_python(without_lone_surrogate_keys(payload), inf_nan_mode="null")
 
 
 def _approvals(given: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from motus.durable.jsonshape import key_with_lone_surrogate, without_lone_surrogate_keys
 from motus.durable.records import JournalEntry
 
 #: The schema version this code writes and understands. 2 added the event log, the audit
@@ -114,9 +115,21 @@ def stored_entry(row: Sequence[Any]) -> JournalEntry:
     """A journal entry read back (``JOURNAL_COLUMNS``; a driver may give blobs as views)."""
     return JournalEntry(
         seq=row[0], kind=row[1], key=row[2], label=row[3], done=bool(row[4]), value=_blob(row[5]), ref=row[6],
-        payload=load_json(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
+        payload=_stored_payload(row[7]), answered_at=row[8], answered_by=row[9], parent=row[10], created_at=row[11],
         expires_at=row[12], default=_blob(row[13]),
     )
+
+
+def _stored_payload(text: str | None) -> Any:
+    """An interrupt's stored payload. An earlier motus let an agent give one an object key
+    holding a lone surrogate (refused at the door since: ``interrupt()``, and the server's
+    check of a worker's message); no view can show such a key (pydantic-core writes keys as
+    UTF-8), so it is read back with U+FFFD in its place. The JSON text spells a surrogate
+    ``\\udXXX``: anything else is not looked through."""
+    payload = load_json(text)
+    if text is not None and "\\ud" in text and key_with_lone_surrogate(payload) is not None:
+        payload = without_lone_surrogate_keys(payload)
+    return payload
 
 
 def _blob(value: Any) -> bytes | None:

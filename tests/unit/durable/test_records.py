@@ -53,6 +53,8 @@ def entry(**changes: object) -> JournalEntry:
         (Interrupt(interrupt_id="i", payload={"a": {1, 2}}), "interrupt: it is not JSON: TypeError: Object of type set is not JSON serializable"),
         (Interrupt(interrupt_id="i", payload={"a": math.inf}), "interrupt: it is not JSON: ValueError: Out of range float values are not JSON compliant"),
         (Interrupt(interrupt_id="i", payload=PAYLOAD, timeout=1, default=b"x"), "interrupt: it is not JSON: TypeError: Object of type bytes is not JSON serializable"),
+        (Interrupt(interrupt_id="i", payload={"a": [{"\udc80": 1}]}),
+         "interrupt: its payload has an object key holding a lone surrogate (no view of it could show it)"),
         (Record(None), "record: its entry is not a JournalEntry (NoneType)"),  # type: ignore[arg-type]
         (Record(entry(), ack=1), "record: its ack is not a bool"),  # type: ignore[arg-type]
         (Record(entry(kind=INTERRUPT)), "record: its kind is not one a worker records ('interrupt')"),

@@ -128,3 +128,20 @@ def test_the_shown_payload_is_the_policys() -> None:
         return {**payload, "quorum": 3, "roles": ["finance"]}
 
     same([entry("s1", APPROVAL)], shown=shown)
+
+
+def test_a_top_level_key_with_a_lone_surrogate_is_shown_as_the_model_showed_it() -> None:
+    """``interrupt()`` and the server's check of an ``Interrupt`` let such a key through (a
+    value too, which the tests above cover). The model's ``payload: dict[str, Any]`` validated
+    each top-level key, putting U+FFFD in place of the surrogate; pydantic-core cannot encode
+    the key as it is, so converting the payload as given raises (a 500 for the whole inbox)."""
+    same([entry("s1", {"type": "confirm", "\udc80": 1, "a\ud800b": "v"})])
+
+
+def test_a_nested_key_with_a_lone_surrogate_is_shown_replaced_not_a_500() -> None:
+    """The model raised here (a 500 for the whole inbox); such keys are refused at the door
+    now (``interrupt()``, the server's check of a worker's ``Interrupt``), but an earlier
+    motus stored them."""
+    items = inbox_items([entry("s1", {"type": "confirm", "a": [{"\udc80": {"\ud800x": 1}}], "v": "\udc80"})], lambda p: p, no_quorum)
+    assert items[0]["payload"] == {"type": "confirm", "a": [{"\ufffd" * 3: {"\ufffd" * 3 + "x": 1}}], "v": "\udc80"}
+    json.dumps(items)  # the answer's text can be written

@@ -416,6 +416,58 @@ def test_revoking_odd_tool_names_is_a_clean_404(shared_server: Callable[..., Ser
     assert "Internal server error" not in server.log()
 
 
+# -- an object key that cannot be shown ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["top", "nested"])
+def test_an_interrupt_payload_key_with_a_lone_surrogate_fails_its_own_turn_not_the_inbox(
+    shared_server: Callable[..., Server], shared_sandbox: Path, where: str
+) -> None:
+    """An object key holding half of a UTF-16 pair survives JSON (escaped) but no view can
+    show it (pydantic-core writes keys as UTF-8): such a pending interrupt made every
+    ``GET /interrupts`` a 500 for everyone, and its session's view too. ``interrupt()``
+    now refuses it, so the agent's own turn fails, naming the key; the rest answers."""
+    server = shared_server(f"{HERE}:surrogate_keys", env=env(shared_sandbox))
+    session_id = start(server, where)
+    body = settled(server, session_id)
+    assert body["status"] == "error", body
+    assert "lone surrogate" in body["error"] and "\\udc80" in body["error"], body["error"]
+    inbox = server.get("/interrupts")
+    assert inbox.status_code == 200, inbox.text
+    assert session_id not in [item["session_id"] for item in inbox.json()]
+    assert "Internal server error" not in server.log()
+
+
+def test_a_stored_payload_key_with_a_lone_surrogate_is_shown_replaced(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """What an earlier motus stored before such keys were refused at the door: a parked
+    turn whose pending interrupt has them, at the top and nested. Its session and the inbox
+    answer 200, the key shown with U+FFFD for each byte of the surrogate."""
+    from motus.durable.journal import canonical_payload
+    from motus.durable.records import INTERRUPT, JournalEntry
+    from motus.serve.store import SessionRecord, TurnRecord
+    from motus.serve.store.sqlite import SqliteStore
+
+    path = tmp_path / "earlier.db"
+    store = SqliteStore(f"sqlite:///{path}", str(path))
+    store.open()
+    payload = {"type": "confirm", "\udc80": 1, "a": [{"b\ud800": "\udc80 stays in a value"}]}
+    entry = JournalEntry(seq=1, kind=INTERRUPT, key=canonical_payload(payload), label="confirm", ref="int-earlier",
+                         payload=payload, created_at=time.time())
+    message = {"role": "user", "content": "go"}
+    turn = TurnRecord(turn_id=1, message=message, journal=[entry], started_at=time.time())
+    store.save(SessionRecord("earlier", "interrupted", [], None, None, 1, time.time(), turn=turn), entries=[entry])
+    store.close()
+    server = start_server(CALLS, "--store", f"sqlite:///{path}")
+    shown = {"type": "confirm", "\ufffd" * 3: 1, "a": [{"b" + "\ufffd" * 3: "\udc80 stays in a value"}]}
+    inbox = server.get("/interrupts")
+    assert inbox.status_code == 200, inbox.text
+    assert [(item["interrupt_id"], item["payload"]) for item in inbox.json()] == [("int-earlier", shown)]
+    view = server.get("/sessions/earlier")
+    assert view.status_code == 200, view.text
+    assert view.json()["interrupts"][0]["payload"] == shown
+    assert "Internal server error" not in server.log()
+
+
 # -- agents (imported by the server process) ------------------------------------------------------
 
 
@@ -449,6 +501,18 @@ async def odd_step(message, state):  # type: ignore[no-untyped-def]
 
     await motus.step("weird", lambda: {"tags": {"a", "b"}, "ratio": float("nan"), "raw": b"\x00\xff"})
     value = await interrupt({"type": "confirm", "prompt": "after a weird step"})
+    return _reply(message, state, f"got {value}")
+
+
+async def surrogate_keys(message, state):  # type: ignore[no-untyped-def]
+    """Interrupts with a payload holding the object key ``"\\udc80"``, at the top level or
+    nested, as the message says."""
+    from motus.serve.interrupt import interrupt
+    from tests.agents.approval import _reply
+
+    inner = {"\udc80": 1}
+    payload = {"type": "confirm", **inner} if message.content == "top" else {"type": "confirm", "a": [inner]}
+    value = await interrupt(payload)
     return _reply(message, state, f"got {value}")
 
 

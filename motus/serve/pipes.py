@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import socket
 import struct
 from multiprocessing.reduction import ForkingPickler
@@ -112,6 +113,11 @@ class Frames:
         self._buffer += data
         return True
 
+    def buffered(self) -> bool:
+        """Whether bytes were read and not yet taken as a whole frame (a read of ``len``:
+        safe from another thread, if only as a hint taken with the worker stopped)."""
+        return len(self._buffer) > 0
+
     def take(self) -> bytes | None:
         """The next whole frame's bytes, or None until one has fully arrived."""
         buffer = self._buffer
@@ -143,3 +149,10 @@ def unpickle(frame: bytes) -> object:
         return ForkingPickler.loads(frame)
     except (Exception, SystemExit) as exc:
         return Failure(error=f"Worker sent an unreadable message: {type(exc).__name__}: {exc}")
+
+
+def readable(fd: int) -> bool:
+    """Whether ``fd`` has something to read (or its end) now, without reading it."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))

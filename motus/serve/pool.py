@@ -56,7 +56,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -69,8 +71,8 @@ from motus.durable.interrupt import EXIT_GRACE_SECONDS
 from motus.durable.records import Failure, Interrupts, Job, Result, interrupts_problem
 from motus.serve.errors import ServerUnavailable
 from motus.serve.metrics import NO_METRICS, Hooks
-from motus.serve.pipes import Frames, inline_job_limit, pickled_within, unpickle
-from motus.serve.processes import WorkerProcess, launcher
+from motus.serve.pipes import Frames, inline_job_limit, pickled_within, readable, unpickle
+from motus.serve.processes import WorkerProcess, launcher, wait_stopped
 from motus.serve.zygote import wait_readable
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,9 @@ START_RETRY_SECONDS = 0.5
 START_RETRY_MAX_SECONDS = 30.0
 #: How long the manager reads what an exited worker left in its pipe (its last words).
 LAST_WORDS_SECONDS = 1.0
+#: How long ``hold_if_quiet`` waits for a worker it sent SIGSTOP to be stopped (it is let go on
+#: if it is not: parking is tried again later).
+HOLD_WAIT_SECONDS = 0.2
 
 Sends = list[tuple["Handle", object]]
 
@@ -128,6 +133,9 @@ class Handle:
     reaped: bool = False  # its process has exited and been joined: never signal its pid again
     kill_at: float | None = None
     frames: Frames = field(default_factory=Frames)  # what its worker wrote, not yet whole (manager only)
+    #: The manager is reading its pipe or passing on what it read (set by the manager,
+    #: read by ``hold_if_quiet``).
+    reading: bool = False
 
 
 @dataclass(eq=False)
@@ -250,6 +258,43 @@ class WorkerPool:
         with self._lock:
             self._finish_locked(handle, grace=0.0)
         self._wake()
+
+    def hold_if_quiet(self, handle: Handle) -> bool:
+        """Stop ``handle``'s worker (SIGSTOP to its process group) and say whether it has
+        said nothing that is not yet applied: nothing in its pipe, nothing read and not yet
+        whole, nothing being passed on by the manager. True: it is left stopped, for the
+        caller to ``kill`` (parking) or ``let_go``; stopped, it can say nothing more in
+        between, so nothing it starts is cut short unseen. False: it could not be stopped,
+        or it had more to say, and it goes on (SIGCONT). Any thread, no session lock held
+        (it waits, up to ``HOLD_WAIT_SECONDS``, for the stop to take)."""
+        with self._lock:
+            pid = self._signal_locked(handle, signal.SIGSTOP)
+        if pid is None:
+            return False
+        stopped = wait_stopped(pid, HOLD_WAIT_SECONDS)
+        with self._lock:
+            quiet = stopped and not handle.finished and not handle.reaped and not handle.conn_closed and not handle.reading \
+                and not handle.frames.buffered() and handle.conn is not None and not readable(handle.conn.fileno())
+            if not quiet:
+                self._signal_locked(handle, signal.SIGCONT)
+        return quiet
+
+    def let_go(self, handle: Handle) -> None:
+        """Let a worker ``hold_if_quiet`` stopped go on (the turn was not parked after all)."""
+        with self._lock:
+            self._signal_locked(handle, signal.SIGCONT)
+
+    def _signal_locked(self, handle: Handle, signum: int) -> int | None:
+        """Send ``signum`` to the process group of a handle's live worker; its pid, or None
+        (no process, ended, reaped, or gone: never a pid that may have been reused)."""
+        process = handle.process
+        if process is None or process.pid is None or handle.finished or handle.reaped or handle.conn is None or handle.conn_closed:
+            return None
+        try:
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return None
+        return process.pid
 
     def shutdown(self) -> None:
         """Kill what is left, end every process and thread. Idempotent. The caller has
@@ -600,22 +645,26 @@ class WorkerPool:
         """Read what a readable worker pipe holds, without blocking, and pass on each whole
         message in order (manager thread only; see ``motus.serve.pipes.Frames``). False once the pipe has
         ended."""
+        handle.reading = True  # before the read: hold_if_quiet sees what the manager has in hand
         try:
-            open_ = handle.frames.read(handle.conn.fileno())  # type: ignore[union-attr]
-        except OSError:
-            open_ = False
-        together: list[object] = []  # the messages of this read before an outcome, passed on as one
-        while (frame := handle.frames.take()) is not None:
-            message = unpickle(frame)  # a Failure if the agent's process wrote something unreadable
-            if isinstance(message, (Result, Failure)):
-                self._report_together(handle, together)
-                self._report_outcome(handle, message)
-                return open_
-            if isinstance(message, Interrupts) and interrupts_problem(message) is None:
-                together.extend(message.interrupts)  # one gather's, whole (a malformed one ends its turn)
-                continue
-            together.append(message)
-        self._report_together(handle, together)
+            try:
+                open_ = handle.frames.read(handle.conn.fileno())  # type: ignore[union-attr]
+            except OSError:
+                open_ = False
+            together: list[object] = []  # the messages of this read before an outcome, passed on as one
+            while (frame := handle.frames.take()) is not None:
+                message = unpickle(frame)  # a Failure if the agent's process wrote something unreadable
+                if isinstance(message, (Result, Failure)):
+                    self._report_together(handle, together)
+                    self._report_outcome(handle, message)
+                    return open_
+                if isinstance(message, Interrupts) and interrupts_problem(message) is None:
+                    together.extend(message.interrupts)  # one gather's, whole (a malformed one ends its turn)
+                    continue
+                together.append(message)
+            self._report_together(handle, together)
+        finally:
+            handle.reading = False
         if not open_:
             with self._lock:
                 # The worker closed its end; its sentinel reports how it ended.

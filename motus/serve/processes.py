@@ -23,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
@@ -39,6 +40,31 @@ START_ENV_VAR = "MOTUS_WORKER_START"
 #: Set in ``motus serve start``'s arbiter before gunicorn forks the serving process
 #: (``allow_early_zygote``); inherited by that fork.
 _early_allowed = False
+
+
+_HAVE_PROC = os.path.exists("/proc/self/stat")
+
+
+def wait_stopped(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` is stopped (by SIGSTOP) within ``timeout`` seconds, polled
+    from ``/proc``. A signal reaches a process running on another core a moment after
+    ``kill`` returns; False if it is not stopped by then, or has ended."""
+    if not _HAVE_PROC:  # no /proc to look in (not Linux): a stop is taken to take a moment
+        time.sleep(min(timeout, 0.01))
+        return True
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            return False
+        state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+        if state in (b"T", b"t"):
+            return True
+        if state in (b"Z", b"X") or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0005)
 
 
 def allow_early_zygote() -> None:

@@ -126,6 +126,29 @@ async def step_after_partial_resume(message: ChatMessage, state: list[ChatMessag
     return _reply(message, state, f"a={a} b={b} runs={runs}")
 
 
+async def late_step(message: ChatMessage, state: list[ChatMessage]):
+    """``step``: two gates from one ``asyncio.gather``; once ``a`` is answered its branch
+    waits (plain code, not journaled) until the test creates ``go-step``, then runs the
+    ``motus.step`` ``slow_effect``, while ``b`` still waits on a person. ``ask <name>``:
+    waits until the test creates ``go-<name>``, writes ``asking-<name>``, then raises one
+    interrupt (a turn that begins to wait on a person when the test says)."""
+    kind, _, name = (message.content or "").partition(" ")
+    if kind == "ask":
+        await asyncio.to_thread(_wait_for_file, f"go-{name}")
+        _append(f"asking-{name}", str(os.getpid()))
+        value = await interrupt({"type": "question", "who": name})
+        return _reply(message, state, f"value={value!r}")
+
+    async def branch_a():
+        a = await interrupt({"type": "a"})
+        await asyncio.to_thread(_wait_for_file, "go-step")
+        runs = await motus.step("slow effect", slow_effect)
+        return a, runs
+
+    (a, runs), b = await asyncio.gather(branch_a(), interrupt({"type": "b"}))
+    return _reply(message, state, f"a={a} b={b} runs={runs}")
+
+
 # -- gated tools in one gather ---------------------------------------------------------------
 
 

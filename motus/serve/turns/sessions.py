@@ -45,7 +45,7 @@ from motus.serve.store import AuditRecord, DurableStore, Event, SharedStore, Sta
 from motus.serve.turns.machine import Machine
 from motus.serve.turns.queries import Queries
 from motus.serve.turns.replicas import ask_store
-from motus.serve.turns.state import ANONYMOUS, CANCELLED, After, Session, SessionStatus, SessionView, TurnState, busy
+from motus.serve.turns.state import ANONYMOUS, CANCELLED, After, Session, SessionStatus, SessionView, Turn, TurnState, busy
 from motus.serve.turns.timers import TimedMoves
 
 log = logging.getLogger(__name__)
@@ -99,9 +99,10 @@ class Turns(Queries, TimedMoves, Machine):
         self._stopped = True
         deadline = time.monotonic() + timeout if timeout > 0 else None
         while True:
+            settled = True
             for session in self._all():
-                self._settle_for_shutdown(session)  # waiting turns park (or are cancelled) as soon as they can
-            if not any(busy(s.turn) for s in self._all()):
+                settled &= self._settle_for_shutdown(session)  # waiting turns park (or are cancelled) as soon as they can
+            if settled and not any(busy(s.turn) for s in self._all()):
                 break
             remaining = None if deadline is None else deadline - time.monotonic()
             if self._hurried or (remaining is not None and remaining <= 0):
@@ -114,15 +115,29 @@ class Turns(Queries, TimedMoves, Machine):
         if self._housekeeper is not None:
             self._housekeeper.join()
 
-    def _settle_for_shutdown(self, session: Session, force: bool = False) -> None:
-        after = After()
+    def _settle_for_shutdown(self, session: Session, force: bool = False) -> bool:
+        """Park (durable store) or cancel a turn that waits on a person, or any turn with
+        ``force``. False when a waiting turn's worker, stopped to be looked at, still had
+        something to say (``WorkerPool.hold_if_quiet``, as parking does): it is looked at
+        again while the shutdown waits, so a call it had just started is not cut short."""
+        held = None
         with session.lock:
             turn = session.turn
             if turn is None or turn.state in (TurnState.ENDED, TurnState.ELSEWHERE):
-                return
-            waiting = turn.state is TurnState.PARKED or (turn.state is TurnState.WAITING and not turn.calls_in_flight())
-            if not (waiting or force):
-                return  # still doing work: it gets the shutdown grace
+                return True
+            if not (force or _quiet_waiting(turn) or turn.state is TurnState.PARKED):
+                return True  # still doing work: it gets the shutdown grace (``busy``)
+            if self.store.durable and not force and turn.state is TurnState.WAITING and turn.handle is not None:
+                held = turn.handle
+        pool = self.pool
+        if held is not None and pool is not None and not pool.hold_if_quiet(held):
+            return False
+        after = After()
+        with session.lock:
+            if held is not None and (session.turn is not turn or turn.handle is not held or not _quiet_waiting(turn)):
+                if pool is not None:
+                    pool.let_go(held)
+                return False  # a request changed it meanwhile: looked at again
             if self.store.durable:
                 if turn.handle is not None:
                     after.kill.append(turn.handle)
@@ -134,6 +149,7 @@ class Turns(Queries, TimedMoves, Machine):
             else:
                 self._end_locked(session, turn, error=CANCELLED, after=after)
         self._finish(after)
+        return True
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -289,3 +305,9 @@ class Turns(Queries, TimedMoves, Machine):
         shown = self._attempt(session_id, retitle)
         if shown:  # its items in the inbox carry the title: the kept inbox is stale, and its polls learn it
             self.events.publish(session_id, inbox=shown)
+
+
+def _quiet_waiting(turn: Turn) -> bool:
+    """Waiting on a person, with no call inside its body and no worker message waiting for
+    the store: what may be parked or cancelled without the shutdown grace."""
+    return turn.state is TurnState.WAITING and not turn.calls_in_flight() and not turn.backlog

@@ -404,12 +404,13 @@ def session_from(record: SessionRecord) -> Session:
 
 def busy(turn: Turn | None) -> bool:
     """Work the shutdown grace waits for: a turn running or about to, or one waiting on a
-    person while a call of it is still inside its body (an approved tool, say)."""
+    person while a call of it is still inside its body (an approved tool, say) or a message
+    of its worker waits for the store (the backlog)."""
     if turn is None:
         return False
     if turn.state in (TurnState.RUNNING, TurnState.QUEUED, TurnState.RESUMING):
         return True
-    return turn.state is TurnState.WAITING and turn.calls_in_flight()
+    return turn.state is TurnState.WAITING and (turn.calls_in_flight() or bool(turn.backlog))
 
 
 def last_line(text: str) -> str:

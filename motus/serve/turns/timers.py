@@ -7,9 +7,13 @@ Guarantees:
   set), in time order, on the housekeeping thread; a timer whose turn moved on meanwhile
   does nothing. One that finds the store away is set again ``STORE_RETRY_SECONDS`` later.
 - A turn is parked only while it waits on a person, its worker has been quiet for
-  ``PARK_SETTLE_SECONDS`` (the other interrupts of one ``asyncio.gather`` arrive first) and no
-  gated tool of it is inside its body, so parking never turns an approved action into an
-  "outcome unknown".
+  ``PARK_SETTLE_SECONDS`` (the other interrupts of one ``asyncio.gather`` arrive first), no
+  call of it (a step, a model call, a gated tool) is inside its body, none of its worker's
+  messages waits for the store (the backlog), and its worker, stopped while this is looked
+  at, has nothing in its pipe or in the pool manager's hands: so parking never cuts a call
+  short, to run again on replay, and never turns an approved action into an "outcome
+  unknown". (Found by attack: a step's *started* mark still in the pipe, or in the backlog
+  while the store was locked, was not seen, and the step ran twice.)
 - An expired interrupt is resolved with its default, ``by`` timeout, exactly as a resume.
 - The housekeeper never sleeps longer than ``MAX_TIMER_WAIT`` at once, and stops once the
   machine is stopped.
@@ -45,6 +49,9 @@ MAX_TIMER_WAIT = 3600.0
 #: A waiting turn is parked only after its worker has said nothing for this long, so the
 #: other interrupts of one ``asyncio.gather`` arrive before its process ends.
 PARK_SETTLE_SECONDS = 0.1
+#: A turn that could not be parked yet (a call in flight, its worker had more to say) is
+#: looked at again after this.
+PARK_RETRY_SECONDS = 0.5
 #: A worker message the store refused is tried again this often, and for this long.
 STORE_RETRY_SECONDS = 0.5
 STORE_GIVE_UP_SECONDS = 60.0
@@ -179,20 +186,39 @@ class TimedMoves:
 
     def _park(self: Machine, turn: Turn, now: bool = False) -> None:
         """WAITING -> PARKED once it has waited ``park_after`` (``now``: at once, the live
-        turns being over budget) and its worker is quiet."""
+        turns being over budget) and its worker is quiet: nothing in flight that the turn
+        has applied (a call started and not done), nothing it could not store yet (the
+        backlog), and nothing it has said that is not applied yet (``WorkerPool.hold_if_quiet``,
+        which stops the worker while it looks, so that it cannot start a call between the
+        look and the kill: the call would be cut short and run again on replay)."""
         session = self._lookup(turn.session_id)
         if session is None or self.park_after is None:
             return
-        after = After()
+        kind = "park now" if now else "park"
         with session.lock:
             if session.turn is not turn or turn.state is not TurnState.WAITING or turn.handle is None:
                 return
             quiet_at = turn.last_heard + max(0.0 if now else self.park_after, PARK_SETTLE_SECONDS)
-            if time.monotonic() < quiet_at or turn.calls_in_flight():
-                retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + 0.5
-                self.timers.schedule(retry, "park now" if now else "park", turn, monotonic=True)
+            if time.monotonic() < quiet_at or turn.calls_in_flight() or turn.backlog:
+                retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + PARK_RETRY_SECONDS
+                self.timers.schedule(retry, kind, turn, monotonic=True)
                 return
-            after.kill.append(turn.handle)
-            turn.handle = None
-            turn.move(TurnState.PARKED)
+            handle = turn.handle
+        pool = self.pool
+        if pool is not None and not pool.hold_if_quiet(handle):
+            self.timers.schedule(time.monotonic() + PARK_RETRY_SECONDS, kind, turn, monotonic=True)
+            return
+        after = After()
+        with session.lock:
+            # Stopped, the worker said nothing more; a request may have changed the turn.
+            parked = (session.turn is turn and turn.state is TurnState.WAITING and turn.handle is handle
+                      and not turn.calls_in_flight() and not turn.backlog)
+            if parked:
+                after.kill.append(handle)
+                turn.handle = None
+                turn.move(TurnState.PARKED)
+            elif session.turn is turn and turn.state is TurnState.WAITING and turn.handle is handle:
+                self.timers.schedule(time.monotonic() + PARK_RETRY_SECONDS, kind, turn, monotonic=True)
+        if not parked and pool is not None:
+            pool.let_go(handle)
         self._finish(after)

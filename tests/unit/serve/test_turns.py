@@ -77,6 +77,7 @@ class RecordingPool:
         self.sent: list[tuple[Handle, object]] = []
         self.stopped: list[Handle] = []
         self.killed: list[Handle] = []
+        self.let_go_of: list[Handle] = []
         self.any_killed = threading.Event()
 
     def launch(self, handle: Handle) -> None:
@@ -91,6 +92,12 @@ class RecordingPool:
     def kill(self, handle: Handle) -> None:
         self.killed.append(handle)
         self.any_killed.set()
+
+    def hold_if_quiet(self, handle: Handle) -> bool:
+        return True  # no process: nothing unsaid
+
+    def let_go(self, handle: Handle) -> None:
+        self.let_go_of.append(handle)
 
     def handle(self, session_id: str) -> Handle:
         """The latest process launched for ``session_id``."""

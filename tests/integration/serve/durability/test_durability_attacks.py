@@ -502,3 +502,99 @@ def test_kill_9_between_the_answers_of_one_gather_keeps_each_interrupt_once(
     assert sorted(raised) == sorted([pending["a"]["interrupt_id"], pending["b"]["interrupt_id"]]), events
     kinds = [e["event"] for e in events if e["event"] in ("interrupt", "status")]
     assert kinds[:5] == ["status", "status", "interrupt", "interrupt", "status"], kinds  # idle, running, a, b, interrupted
+
+
+# -- parking while a worker's message has not been applied yet -----------------------------------
+
+
+def step_shown(server: Server, session_id: str) -> bool:
+    """Whether the session's live turn shows its ``slow effect`` step: the server has applied
+    the step's *started* mark."""
+    turn = server.get(f"/sessions/{session_id}").json().get("turn") or {}
+    return any(step.get("kind") == "step" for step in turn.get("steps", []))
+
+
+def test_parking_never_cuts_short_a_step_whose_start_waits_for_the_store(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """A ``motus.step`` starts while the SQLite file is locked (a backup, ``sqlite3`` in a
+    shell) past the store's 5 s busy timeout: its *started* mark cannot be written and waits
+    in the turn's backlog, to be retried. The turn's other gate still waits on a person, and
+    the park timer (``--park-after 1``) comes due meanwhile. ``_park`` asks
+    ``Turn.calls_in_flight()``, which reads only the applied journal, not the backlog: it
+    ends the process in the middle of the step's body; the retry then stores the mark, and
+    the replay runs the step a second time (README: a step "runs ``fn(*args)`` once per
+    turn"; timers.py: parking happens only while the turn just waits).
+
+    Seen every time. The same gap with an approved gated tool: its acknowledged *started*
+    mark waits in the backlog, the tool's body has not run, and after parking the replay
+    reports ``Outcome unknown`` for a tool that never ran (and the retried mark's ``Ack`` is
+    sent to ``None``: ``AttributeError`` on the housekeeping thread)."""
+    sandbox = tmp_path / "sandbox"
+    db = tmp_path / "s.db"
+    server = start_server(
+        f"{ATTACKS}:late_step", "--workers", "1", "--store", store_url(db), "--park-after", "1",
+        "--shutdown-timeout", "2", env=agent_env(sandbox),
+    )
+    sid = start_turn(server, "step")
+    by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
+    assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    with closing(sqlite3.connect(db, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # the store's writers now wait, then fail
+        (sandbox / "go-step").touch()  # branch a reaches its step: the body starts, its mark waits
+        wait_until(lambda: lines(sandbox / "effect-started"), what="the step body to start")
+        wait_until(lambda: "waits and is retried" in server.log(), timeout=15, what="the step's mark to wait in the backlog")
+        other.execute("ROLLBACK")
+    wait_until(lambda: step_shown(server, sid), timeout=10, what="the retried mark to be stored")
+    (sandbox / "release-effect").touch()
+    first = int(lines(sandbox / "effect-started")[0])
+    wait_until(lambda: lines(sandbox / "effect-done") or not _alive(first), what="the step to end, or its process")
+    resume_ok(server, sid, by_type["b"]["interrupt_id"], "B")
+    body = wait_idle(server, sid)
+    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
+    assert len(lines(sandbox / "effect-started")) == 1
+
+
+def test_the_live_turn_budget_never_parks_a_turn_whose_step_has_just_started(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """``--max-live-turns 1``: turn ``step`` waits on gate ``b`` with its process; gate ``a``
+    was answered and its branch goes on into a ``motus.step``. Two other turns (``x``, ``y``)
+    begin to wait on a person at that moment, so the budget parks the longest-waiting,
+    ``step``. The server takes its worker to be quiet (``last_heard``: nothing *read* from
+    it for a while) and no call in flight (the step's *started* mark is still in the pipe,
+    behind the messages of ``x`` and ``y`` the one manager thread is applying), so it ends
+    the process in the middle of the step's body, and the replay runs the step again.
+
+    Made to show every time (10 of 10 here): the manager thread is held for a moment on a
+    commit (the SQLite file locked well under its 5 s busy timeout: a slow disk, a
+    checkpoint) while the three messages arrive, ``x``'s first. Without the lock it shows
+    too, by timing alone: answering ``a`` while three other turns begin to wait, the step
+    ran twice in about one round in five (``--workers 4``, 20 rounds)."""
+    sandbox = tmp_path / "sandbox"
+    db = tmp_path / "s.db"
+    server = start_server(
+        f"{ATTACKS}:late_step", "--workers", "3", "--store", store_url(db), "--max-live-turns", "1",
+        "--park-after", "600", "--shutdown-timeout", "2", env=agent_env(sandbox),
+    )
+    # x and y run first (their pipes come before step's in the manager's poll), each in
+    # plain code until the test lets it ask.
+    for name in ("x", "y"):
+        start_turn(server, f"ask {name}")
+    wait_until(lambda: health(server)["running_workers"] == 2, what="x and y to run")
+    sid = start_turn(server, "step")
+    by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
+    time.sleep(0.3)  # a person takes a moment to answer: longer than PARK_SETTLE_SECONDS, not a synchronisation
+    assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    with closing(sqlite3.connect(db, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # the next commit waits (well under the 5 s busy timeout)
+        for name in ("x", "y"):
+            (sandbox / f"go-{name}").touch()
+            wait_until(lambda name=name: lines(sandbox / f"asking-{name}"), what=f"{name} to ask")
+        (sandbox / "go-step").touch()
+        wait_until(lambda: lines(sandbox / "effect-started"), what="the step body to start")
+        other.execute("ROLLBACK")
+    first = int(lines(sandbox / "effect-started")[0])
+    wait_until(lambda: step_shown(server, sid) or not _alive(first), what="the step's mark to be stored, or its process to end")
+    (sandbox / "release-effect").touch()
+    wait_until(lambda: lines(sandbox / "effect-done") or not _alive(first), what="the step to end, or its process")
+    resume_ok(server, sid, by_type["b"]["interrupt_id"], "B")
+    body = wait_idle(server, sid)
+    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
+    assert len(lines(sandbox / "effect-started")) == 1

@@ -678,7 +678,8 @@ class Machine:
         elif isinstance(message, Record):
             self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
             turn.journal[message.entry.seq] = message.entry
-            if message.ack:
+            # (A record applied from the backlog after its process ended has no one to tell.)
+            if message.ack and handle is not None:
                 after.sends.append((handle, Ack(message.entry.seq)))
         elif isinstance(message, Result):
             state, kept = resulting_state(handle.job.state, message)

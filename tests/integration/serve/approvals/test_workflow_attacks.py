@@ -341,6 +341,8 @@ ODD_REPLIES = [
     {"content": "not blocks"},
     {"choices": []},
     {"choices": [None]},
+    {"choices": [{"message": {"content": "keys no text can hold", "\udc80": {"\ud800": 1}}}]},
+    {"content": [{"type": "tool_use", "name": "x", "input": {"\udc80": [{"\ud800": 1}]}}]},
 ]
 
 

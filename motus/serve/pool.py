@@ -271,12 +271,15 @@ class WorkerPool:
             pid = self._signal_locked(handle, signal.SIGSTOP)
         if pid is None:
             return False
-        stopped = wait_stopped(pid, HOLD_WAIT_SECONDS)
-        with self._lock:
-            quiet = stopped and not handle.finished and not handle.reaped and not handle.conn_closed and not handle.reading \
-                and not handle.frames.buffered() and handle.conn is not None and not readable(handle.conn.fileno())
-            if not quiet:
-                self._signal_locked(handle, signal.SIGCONT)
+        quiet = False
+        try:
+            stopped = wait_stopped(pid, HOLD_WAIT_SECONDS)
+            with self._lock:
+                quiet = stopped and not handle.finished and not handle.reaped and not handle.conn_closed and not handle.reading \
+                    and not handle.frames.buffered() and handle.conn is not None and not readable(handle.conn.fileno())
+        finally:
+            if not quiet:  # whatever happened, a worker not to be killed is never left stopped
+                self.let_go(handle)
         return quiet
 
     def let_go(self, handle: Handle) -> None:

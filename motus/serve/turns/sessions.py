@@ -98,10 +98,14 @@ class Turns(Queries, TimedMoves, Machine):
             return
         self._stopped = True
         deadline = time.monotonic() + timeout if timeout > 0 else None
+        noted: set[tuple[str, int]] = set()  # turns whose wait was logged
         while True:
             settled = True
             for session in self._all():
-                settled &= self._settle_for_shutdown(session)  # waiting turns park (or are cancelled) as soon as they can
+                turn = session.turn
+                if turn is not None and turn.backlog:
+                    self._retry_backlog(turn)  # the housekeeper fires no timer now: retried here
+                settled &= self._settle_for_shutdown(session, noted=noted)  # waiting turns park (or are cancelled) as soon as they can
             if settled and not any(busy(s.turn) for s in self._all()):
                 break
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -115,7 +119,7 @@ class Turns(Queries, TimedMoves, Machine):
         if self._housekeeper is not None:
             self._housekeeper.join()
 
-    def _settle_for_shutdown(self, session: Session, force: bool = False) -> bool:
+    def _settle_for_shutdown(self, session: Session, force: bool = False, noted: set[tuple[str, int]] | None = None) -> bool:
         """Park (durable store) or cancel a turn that waits on a person, or any turn with
         ``force``. False when a waiting turn's worker, stopped to be looked at, still had
         something to say (``WorkerPool.hold_if_quiet``, as parking does): it is looked at
@@ -131,6 +135,10 @@ class Turns(Queries, TimedMoves, Machine):
                 held = turn.handle
         pool = self.pool
         if held is not None and pool is not None and not pool.hold_if_quiet(held):
+            if noted is not None and (session.session_id, turn.turn_id) not in noted:
+                noted.add((session.session_id, turn.turn_id))  # said once, not at every pass
+                log.info("session %s: its waiting turn's worker has said something not applied yet; "
+                         "it is parked once that is applied", session.session_id)
             return False
         after = After()
         with session.lock:

@@ -598,3 +598,54 @@ def test_the_live_turn_budget_never_parks_a_turn_whose_step_has_just_started(sta
     body = wait_idle(server, sid)
     assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
     assert len(lines(sandbox / "effect-started")) == 1
+
+
+def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """The shutdown parks the turns that wait on a person at once, with the same look as
+    parking: turn ``step`` waits on gate ``b`` while its branch ``a``, answered, has just
+    started a ``motus.step``, whose *started* mark is still in the pipe behind ``x``'s and
+    ``y``'s messages (the one manager thread held on a commit, the file locked). A SIGTERM
+    then must not end the process in the middle of the step: it waits until the mark is
+    applied, gives the step its grace, and parks the turn once the step is done. After a
+    restart, answering ``b`` replays the step from its record. (The shutdown also retries
+    the backlog the lock left, itself: the housekeeper fires no timer once it has begun, and
+    a turn with a backlog is busy, so the stop would otherwise wait out its whole grace.)"""
+    sandbox = tmp_path / "sandbox"
+    db = tmp_path / "s.db"
+    args = (f"{ATTACKS}:late_step", "--workers", "3", "--store", store_url(db), "--park-after", "600",
+            "--shutdown-timeout", "30")
+    server = start_server(*args, env=agent_env(sandbox))
+    for name in ("x", "y"):
+        start_turn(server, f"ask {name}")
+    wait_until(lambda: health(server)["running_workers"] == 2, what="x and y to run")
+    sid = start_turn(server, "step")
+    by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
+    assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    with closing(sqlite3.connect(db, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # the next commit waits (well under the 5 s busy timeout)
+        for name in ("x", "y"):
+            (sandbox / f"go-{name}").touch()
+            wait_until(lambda name=name: lines(sandbox / f"asking-{name}"), what=f"{name} to ask")
+        (sandbox / "go-step").touch()
+        wait_until(lambda: lines(sandbox / "effect-started"), what="the step body to start")
+        server.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "has said something not applied yet" in server.log(), timeout=10,
+                   what="the shutdown to find the step's worker with something unsaid")
+        other.execute("ROLLBACK")
+    first = int(lines(sandbox / "effect-started")[0])
+    wait_until(lambda: step_shown_in_store(db, sid) or not _alive(first), what="the step's mark to be stored, or its process to end")
+    assert _alive(first), "the shutdown ended the process in the middle of the step"
+    (sandbox / "release-effect").touch()
+    assert server.process.wait(30) == 0, server.log()
+    again = start_server(*args, env=agent_env(sandbox))
+    resume_ok(again, sid, by_type["b"]["interrupt_id"], "B")
+    body = wait_idle(again, sid)
+    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
+    assert len(lines(sandbox / "effect-started")) == 1
+
+
+def step_shown_in_store(db: Path, session_id: str) -> bool:
+    """Whether the store holds the session's ``slow effect`` step record (the server is
+    stopping: its API may not answer)."""
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT count(*) FROM journal WHERE session_id = ? AND kind = 'step'", (session_id,)).fetchone()[0] > 0

@@ -133,6 +133,15 @@ def test_a_resume_value_holding_half_a_surrogate_pair_does_not_wedge_the_session
 # -- a store that fails for a moment ---------------------------------------------------------
 
 
+def server_on_a_file(start_server: Callable[..., Server], tmp_path: Path, agent: str, *args: str) -> tuple[Server, Path, Path]:
+    """A server of ``agent`` (in ``ATTACKS``) on a SQLite file of its own, stopped within
+    2 s; with its sandbox and its file (which a test locks)."""
+    sandbox = tmp_path / "sandbox"
+    db = tmp_path / "s.db"
+    server = start_server(f"{ATTACKS}:{agent}", *args, "--store", store_url(db), "--shutdown-timeout", "2", env=agent_env(sandbox))
+    return server, sandbox, db
+
+
 def test_an_interrupt_is_not_lost_when_the_store_is_briefly_locked(start_server: Callable[..., Server], tmp_path: Path) -> None:
     """Someone holds a write transaction on the SQLite file (``sqlite3`` in a shell, a backup
     tool) for longer than the store's 5 s busy timeout, exactly when the agent raises an
@@ -140,12 +149,7 @@ def test_an_interrupt_is_not_lost_when_the_store_is_briefly_locked(start_server:
     message must not simply vanish: once the lock is gone the turn must not stay
     ``running`` for ever with a compute slot taken (whether the server retries, or fails the
     turn, is the fixer's choice)."""
-    sandbox = tmp_path / "sandbox"
-    db = tmp_path / "s.db"
-    server = start_server(
-        f"{ATTACKS}:gated_reply", "--workers", "1", "--store", store_url(db), "--park-after", "never",
-        "--shutdown-timeout", "2", env=agent_env(sandbox),
-    )
+    server, sandbox, db = server_on_a_file(start_server, tmp_path, "gated_reply", "--workers", "1", "--park-after", "never")
     sid = start_turn(server, "ask")
     wait_until(lambda: lines(sandbox / "started"), what="the turn to start")
     with closing(sqlite3.connect(db, isolation_level=None)) as other:
@@ -514,6 +518,47 @@ def step_shown(server: Server, session_id: str) -> bool:
     return any(step.get("kind") == "step" for step in turn.get("steps", []))
 
 
+def step_beside_x_and_y(server: Server, pause: float = 0.0) -> tuple[str, dict[str, dict]]:
+    """Turns ``x`` and ``y`` running first (their pipes come before step's in the manager's
+    poll), each in plain code until the test lets it ask; then turn ``step`` waiting on its
+    gates ``a`` and ``b``, ``a`` answered ``pause`` seconds later. Returns step's session
+    and its interrupts by type."""
+    for name in ("x", "y"):
+        start_turn(server, f"ask {name}")
+    wait_until(lambda: health(server)["running_workers"] == 2, what="x and y to run")
+    sid = start_turn(server, "step")
+    by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
+    if pause:
+        time.sleep(pause)  # a person takes a moment to answer: not a synchronisation
+    assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    return sid, by_type
+
+
+def x_and_y_ask_then_the_step_starts(sandbox: Path) -> None:
+    """With the store locked by the caller: ``x`` then ``y`` ask (the manager is held on
+    ``x``'s commit), then step's branch ``a`` starts its step, whose mark waits in the pipe."""
+    for name in ("x", "y"):
+        (sandbox / f"go-{name}").touch()
+        wait_until(lambda name=name: lines(sandbox / f"asking-{name}"), what=f"{name} to ask")
+    (sandbox / "go-step").touch()
+    wait_until(lambda: lines(sandbox / "effect-started"), what="the step body to start")
+
+
+def the_step_ran_once(server: Server, sid: str, by_type: dict[str, dict], sandbox: Path) -> None:
+    """Let the step end (or see its process gone), answer ``b``: the step ran once."""
+    (sandbox / "release-effect").touch()
+    first = int(lines(sandbox / "effect-started")[0])
+    wait_until(lambda: lines(sandbox / "effect-done") or not _alive(first), what="the step to end, or its process")
+    answered_b_the_step_ran_once(server, sid, by_type, sandbox)
+
+
+def answered_b_the_step_ran_once(server: Server, sid: str, by_type: dict[str, dict], sandbox: Path) -> None:
+    resume_ok(server, sid, by_type["b"]["interrupt_id"], "B")
+    body = wait_idle(server, sid)
+    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
+    assert len(lines(sandbox / "effect-started")) == 1
+
+
 def test_parking_never_cuts_short_a_step_whose_start_waits_for_the_store(start_server: Callable[..., Server], tmp_path: Path) -> None:
     """A ``motus.step`` starts while the SQLite file is locked (a backup, ``sqlite3`` in a
     shell) past the store's 5 s busy timeout: its *started* mark cannot be written and waits
@@ -528,12 +573,7 @@ def test_parking_never_cuts_short_a_step_whose_start_waits_for_the_store(start_s
     mark waits in the backlog, the tool's body has not run, and after parking the replay
     reports ``Outcome unknown`` for a tool that never ran (and the retried mark's ``Ack`` is
     sent to ``None``: ``AttributeError`` on the housekeeping thread)."""
-    sandbox = tmp_path / "sandbox"
-    db = tmp_path / "s.db"
-    server = start_server(
-        f"{ATTACKS}:late_step", "--workers", "1", "--store", store_url(db), "--park-after", "1",
-        "--shutdown-timeout", "2", env=agent_env(sandbox),
-    )
+    server, sandbox, db = server_on_a_file(start_server, tmp_path, "late_step", "--workers", "1", "--park-after", "1")
     sid = start_turn(server, "step")
     by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
     assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
@@ -544,13 +584,7 @@ def test_parking_never_cuts_short_a_step_whose_start_waits_for_the_store(start_s
         wait_until(lambda: "waits and is retried" in server.log(), timeout=15, what="the step's mark to wait in the backlog")
         other.execute("ROLLBACK")
     wait_until(lambda: step_shown(server, sid), timeout=10, what="the retried mark to be stored")
-    (sandbox / "release-effect").touch()
-    first = int(lines(sandbox / "effect-started")[0])
-    wait_until(lambda: lines(sandbox / "effect-done") or not _alive(first), what="the step to end, or its process")
-    resume_ok(server, sid, by_type["b"]["interrupt_id"], "B")
-    body = wait_idle(server, sid)
-    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
-    assert len(lines(sandbox / "effect-started")) == 1
+    the_step_ran_once(server, sid, by_type, sandbox)
 
 
 def test_the_live_turn_budget_never_parks_a_turn_whose_step_has_just_started(start_server: Callable[..., Server], tmp_path: Path) -> None:
@@ -567,37 +601,16 @@ def test_the_live_turn_budget_never_parks_a_turn_whose_step_has_just_started(sta
     checkpoint) while the three messages arrive, ``x``'s first. Without the lock it shows
     too, by timing alone: answering ``a`` while three other turns begin to wait, the step
     ran twice in about one round in five (``--workers 4``, 20 rounds)."""
-    sandbox = tmp_path / "sandbox"
-    db = tmp_path / "s.db"
-    server = start_server(
-        f"{ATTACKS}:late_step", "--workers", "3", "--store", store_url(db), "--max-live-turns", "1",
-        "--park-after", "600", "--shutdown-timeout", "2", env=agent_env(sandbox),
-    )
-    # x and y run first (their pipes come before step's in the manager's poll), each in
-    # plain code until the test lets it ask.
-    for name in ("x", "y"):
-        start_turn(server, f"ask {name}")
-    wait_until(lambda: health(server)["running_workers"] == 2, what="x and y to run")
-    sid = start_turn(server, "step")
-    by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
-    time.sleep(0.3)  # a person takes a moment to answer: longer than PARK_SETTLE_SECONDS, not a synchronisation
-    assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    server, sandbox, db = server_on_a_file(start_server, tmp_path, "late_step", "--workers", "3", "--max-live-turns", "1",
+                                           "--park-after", "600")
+    sid, by_type = step_beside_x_and_y(server, pause=0.3)  # longer than PARK_SETTLE_SECONDS
     with closing(sqlite3.connect(db, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")  # the next commit waits (well under the 5 s busy timeout)
-        for name in ("x", "y"):
-            (sandbox / f"go-{name}").touch()
-            wait_until(lambda name=name: lines(sandbox / f"asking-{name}"), what=f"{name} to ask")
-        (sandbox / "go-step").touch()
-        wait_until(lambda: lines(sandbox / "effect-started"), what="the step body to start")
+        x_and_y_ask_then_the_step_starts(sandbox)
         other.execute("ROLLBACK")
     first = int(lines(sandbox / "effect-started")[0])
     wait_until(lambda: step_shown(server, sid) or not _alive(first), what="the step's mark to be stored, or its process to end")
-    (sandbox / "release-effect").touch()
-    wait_until(lambda: lines(sandbox / "effect-done") or not _alive(first), what="the step to end, or its process")
-    resume_ok(server, sid, by_type["b"]["interrupt_id"], "B")
-    body = wait_idle(server, sid)
-    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
-    assert len(lines(sandbox / "effect-started")) == 1
+    the_step_ran_once(server, sid, by_type, sandbox)
 
 
 def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: Callable[..., Server], tmp_path: Path) -> None:
@@ -615,19 +628,10 @@ def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: 
     args = (f"{ATTACKS}:late_step", "--workers", "3", "--store", store_url(db), "--park-after", "600",
             "--shutdown-timeout", "30")
     server = start_server(*args, env=agent_env(sandbox))
-    for name in ("x", "y"):
-        start_turn(server, f"ask {name}")
-    wait_until(lambda: health(server)["running_workers"] == 2, what="x and y to run")
-    sid = start_turn(server, "step")
-    by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
-    assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
+    sid, by_type = step_beside_x_and_y(server)
     with closing(sqlite3.connect(db, isolation_level=None)) as other:
-        other.execute("BEGIN IMMEDIATE")  # the next commit waits (well under the 5 s busy timeout)
-        for name in ("x", "y"):
-            (sandbox / f"go-{name}").touch()
-            wait_until(lambda name=name: lines(sandbox / f"asking-{name}"), what=f"{name} to ask")
-        (sandbox / "go-step").touch()
-        wait_until(lambda: lines(sandbox / "effect-started"), what="the step body to start")
+        other.execute("BEGIN IMMEDIATE")
+        x_and_y_ask_then_the_step_starts(sandbox)
         server.process.send_signal(signal.SIGTERM)
         wait_until(lambda: "has said something not applied yet" in server.log(), timeout=10,
                    what="the shutdown to find the step's worker with something unsaid")
@@ -637,11 +641,7 @@ def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: 
     assert _alive(first), "the shutdown ended the process in the middle of the step"
     (sandbox / "release-effect").touch()
     assert server.process.wait(30) == 0, server.log()
-    again = start_server(*args, env=agent_env(sandbox))
-    resume_ok(again, sid, by_type["b"]["interrupt_id"], "B")
-    body = wait_idle(again, sid)
-    assert body["response"]["content"] == "a=A b=B runs=1", (body["response"], lines(sandbox / "effect-started"))
-    assert len(lines(sandbox / "effect-started")) == 1
+    answered_b_the_step_ran_once(start_server(*args, env=agent_env(sandbox)), sid, by_type, sandbox)
 
 
 def step_shown_in_store(db: Path, session_id: str) -> bool:

@@ -46,25 +46,41 @@ _HAVE_PROC = os.path.exists("/proc/self/stat")
 
 
 def wait_stopped(pid: int, timeout: float) -> bool:
-    """Whether process ``pid`` is stopped (by SIGSTOP) within ``timeout`` seconds, polled
-    from ``/proc``. A signal reaches a process running on another core a moment after
-    ``kill`` returns; False if it is not stopped by then, or has ended."""
+    """Whether every thread of process ``pid`` is stopped (by SIGSTOP) within ``timeout``
+    seconds, polled from ``/proc``. A signal reaches a thread running on another core a
+    moment after ``kill`` returns, and each thread stops on its own (one finishing a write
+    to the pipe, say); False if they are not all stopped by then, or the process has ended."""
     if not _HAVE_PROC:  # no /proc to look in (not Linux): a stop is taken to take a moment
         time.sleep(min(timeout, 0.01))
         return True
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as file:
-                stat = file.read()
-        except OSError:
-            return False
-        state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
-        if state in (b"T", b"t"):
+        states = _thread_states(pid)
+        if states is None or states & {b"Z", b"X"}:
+            return False  # ended
+        if states <= {b"T", b"t"}:
             return True
-        if state in (b"Z", b"X") or time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:
             return False
         time.sleep(0.0005)
+
+
+def _thread_states(pid: int) -> set[bytes] | None:
+    """The states (``/proc/PID/task/TID/stat``) of the threads of ``pid``; None if it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    states = set()
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            continue  # a thread that just ended
+        end = stat.rfind(b")")
+        states.add(stat[end + 2:end + 3])
+    return states if states else None
 
 
 def allow_early_zygote() -> None:

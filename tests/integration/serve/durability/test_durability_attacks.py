@@ -626,14 +626,16 @@ def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: 
     sandbox = tmp_path / "sandbox"
     db = tmp_path / "s.db"
     args = (f"{ATTACKS}:late_step", "--workers", "3", "--store", store_url(db), "--park-after", "600",
-            "--shutdown-timeout", "30")
+            "--shutdown-timeout", "60")
     server = start_server(*args, env=agent_env(sandbox))
     sid, by_type = step_beside_x_and_y(server)
     with closing(sqlite3.connect(db, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")
         x_and_y_ask_then_the_step_starts(sandbox)
         server.process.send_signal(signal.SIGTERM)
-        wait_until(lambda: "has said something not applied yet" in server.log(), timeout=10,
+        # The shutdown's pass may first wait on x's and y's sessions, whose commits the lock
+        # holds up to the store's 5 s busy timeout each.
+        wait_until(lambda: "has said something not applied yet" in server.log(), timeout=30,
                    what="the shutdown to find the step's worker with something unsaid")
         other.execute("ROLLBACK")
     first = int(lines(sandbox / "effect-started")[0])

@@ -13,7 +13,8 @@ Data flow::
     send(handle, msg) ── pipe ──────────────┼──────────────────────────────▶    its one Job
     stop(handle) ── close pipe, kill later  │ message ──▶ listener.worker_message
     kill(handle) ── SIGKILL now (parking)   │ sentinel w/o Result/Failure ──▶
-                                            │      listener.worker_exited
+      (after hold_if_quiet: SIGSTOP, and    │      listener.worker_exited
+      nothing unread or in the manager's hands)
     spawner thread                          │ kill deadlines, reaping
       keeps `warm` processes ready,         ▼
       each for exactly one job
@@ -49,7 +50,9 @@ Guarantees and rules:
 
 Thread ownership: every ``Handle`` and ``_Warm`` field is guarded by ``WorkerPool._lock``,
 except ``conn`` writes (``send_lock``), and its reads, ``frames`` and ``close`` (manager
-thread only).
+thread only). ``reading`` is written by the manager alone, with no lock, and read by
+``hold_if_quiet`` as a hint that counts only while the worker is stopped (then nothing new
+can arrive to set it).
 """
 
 from __future__ import annotations

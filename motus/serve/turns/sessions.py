@@ -318,4 +318,4 @@ class Turns(Queries, TimedMoves, Machine):
 def _quiet_waiting(turn: Turn) -> bool:
     """Waiting on a person, with no call inside its body and no worker message waiting for
     the store: what may be parked or cancelled without the shutdown grace."""
-    return turn.state is TurnState.WAITING and not turn.calls_in_flight() and not turn.backlog
+    return turn.state is TurnState.WAITING and not turn.under_way()

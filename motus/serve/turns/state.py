@@ -190,6 +190,12 @@ class Turn:
     approvals: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)  # for the turn duration metric
 
+    def under_way(self) -> bool:
+        """Whether something of its worker's is not settled: a call inside its body
+        (``calls_in_flight``) or a message that waits for the store (the backlog). A waiting
+        turn is parked, or a shutdown parks it, only when nothing is."""
+        return bool(self.backlog) or self.calls_in_flight()
+
     def calls_in_flight(self) -> bool:
         """Whether a journaled call (a tool body, a step, a model request) has started and
         not finished, other than one waiting on a person through an interrupt inside it.
@@ -410,7 +416,7 @@ def busy(turn: Turn | None) -> bool:
         return False
     if turn.state in (TurnState.RUNNING, TurnState.QUEUED, TurnState.RESUMING):
         return True
-    return turn.state is TurnState.WAITING and (turn.calls_in_flight() or bool(turn.backlog))
+    return turn.state is TurnState.WAITING and turn.under_way()
 
 
 def last_line(text: str) -> str:

@@ -199,7 +199,7 @@ class TimedMoves:
             if session.turn is not turn or turn.state is not TurnState.WAITING or turn.handle is None:
                 return
             quiet_at = turn.last_heard + max(0.0 if now else self.park_after, PARK_SETTLE_SECONDS)
-            if time.monotonic() < quiet_at or turn.calls_in_flight() or turn.backlog:
+            if time.monotonic() < quiet_at or turn.under_way():
                 retry = quiet_at if time.monotonic() < quiet_at else time.monotonic() + PARK_RETRY_SECONDS
                 self.timers.schedule(retry, kind, turn, monotonic=True)
                 return
@@ -211,8 +211,7 @@ class TimedMoves:
         after = After()
         with session.lock:
             # Stopped, the worker said nothing more; a request may have changed the turn.
-            parked = (session.turn is turn and turn.state is TurnState.WAITING and turn.handle is handle
-                      and not turn.calls_in_flight() and not turn.backlog)
+            parked = session.turn is turn and turn.state is TurnState.WAITING and turn.handle is handle and not turn.under_way()
             if parked:
                 after.kill.append(handle)
                 turn.handle = None

@@ -74,7 +74,7 @@ def key_with_lone_surrogate(value: Any) -> str | None:
 
 
 def lone_surrogate_key_problem(value: Any, what: str) -> str | None:
-    """Why ``value`` (``what``: "Request body", "interrupt() payload") cannot be kept: an
+    """Why ``value`` (``what``: "interrupt() payload", say) cannot be kept: an
     object key holding a lone surrogate (``key_with_lone_surrogate``); None when it can."""
     key = key_with_lone_surrogate(value)
     if key is None:
@@ -87,14 +87,21 @@ def without_lone_surrogate_keys(value: Any) -> Any:
     """``value`` with each lone surrogate in an object key (at any depth) replaced the way
     UTF-8 text with one is read back (U+FFFD for each of its bytes). For a payload an
     earlier motus stored before such keys were refused at the door: it is still shown, not
-    a 500. Containers without such a key are returned as they are."""
+    a 500. ``value`` itself when it holds no such key (looked for first: the common case
+    costs a walk, not a copy)."""
+    if key_with_lone_surrogate(value) is None:
+        return value
+    return _replaced_keys(value)
+
+
+def _replaced_keys(value: Any) -> Any:
     if isinstance(value, dict):
         return {
-            (_replace_surrogates(key) if isinstance(key, str) else key): without_lone_surrogate_keys(child)
+            (_replace_surrogates(key) if isinstance(key, str) else key): _replaced_keys(child)
             for key, child in value.items()
         }
     if isinstance(value, list):
-        return [without_lone_surrogate_keys(child) for child in value]
+        return [_replaced_keys(child) for child in value]
     return value
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from motus.durable.journal import unpack
-from motus.durable.jsonshape import json_depth_exceeds, key_with_lone_surrogate, without_lone_surrogate_keys
+from motus.durable.jsonshape import json_depth_exceeds, without_lone_surrogate_keys
 from motus.durable.records import INTERRUPT, MODEL, STEP, TOOL, JournalEntry
 
 #: Texts (model replies, tool results, arguments) are cut to this many characters.
@@ -50,7 +50,7 @@ def _shown(value: Any) -> Any:
     shown = json.loads(text)
     # An object key holding a lone surrogate (a provider's JSON can spell one) cannot be
     # written by pydantic-core: shown with U+FFFD in its place, not a 500 for the session.
-    return without_lone_surrogate_keys(shown) if key_with_lone_surrogate(shown) is not None else shown
+    return without_lone_surrogate_keys(shown)
 
 
 def _outcome(entry: JournalEntry) -> tuple[str, Any]:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from motus.durable.jsonshape import key_with_lone_surrogate, without_lone_surrogate_keys
+from motus.durable.jsonshape import without_lone_surrogate_keys
 from motus.durable.records import JournalEntry
 
 #: The schema version this code writes and understands. 2 added the event log, the audit
@@ -127,9 +127,7 @@ def _stored_payload(text: str | None) -> Any:
     UTF-8), so it is read back with U+FFFD in its place. The JSON text spells a surrogate
     ``\\udXXX``: anything else is not looked through."""
     payload = load_json(text)
-    if text is not None and "\\ud" in text and key_with_lone_surrogate(payload) is not None:
-        payload = without_lone_surrogate_keys(payload)
-    return payload
+    return without_lone_surrogate_keys(payload) if text is not None and "\\ud" in text else payload
 
 
 def _blob(value: Any) -> bytes | None:

@@ -634,9 +634,11 @@ def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: 
         x_and_y_ask_then_the_step_starts(sandbox)
         server.process.send_signal(signal.SIGTERM)
         # The shutdown's pass may first wait on x's and y's sessions, whose commits the lock
-        # holds up to the store's 5 s busy timeout each.
-        wait_until(lambda: "has said something not applied yet" in server.log(), timeout=30,
-                   what="the shutdown to find the step's worker with something unsaid")
+        # holds up to the store's 5 s busy timeout each; by then the manager may have read
+        # the step's mark and failed to store it: it waits in the backlog, and the step's
+        # turn is busy. Either way the shutdown has met the step before the lock goes.
+        wait_until(lambda: step_met_by_the_shutdown(server.log(), sid), timeout=30,
+                   what="the shutdown to find the step's worker with something unsaid, or its mark in the backlog")
         other.execute("ROLLBACK")
     first = int(lines(sandbox / "effect-started")[0])
     wait_until(lambda: step_shown_in_store(db, sid) or not _alive(first), what="the step's mark to be stored, or its process to end")
@@ -644,6 +646,13 @@ def test_a_sigterm_never_parks_a_turn_whose_step_has_just_started(start_server: 
     (sandbox / "release-effect").touch()
     assert server.process.wait(30) == 0, server.log()
     answered_b_the_step_ran_once(start_server(*args, env=agent_env(sandbox)), sid, by_type, sandbox)
+
+
+def step_met_by_the_shutdown(log: str, session_id: str) -> bool:
+    """Whether the log says the shutdown found the session's worker with something unsaid,
+    or that a message of the session waits for the store (the backlog)."""
+    return any(session_id in line and ("has said something not applied yet" in line or "waits and is retried" in line)
+               for line in log.splitlines())
 
 
 def step_shown_in_store(db: Path, session_id: str) -> bool:

@@ -529,7 +529,11 @@ def step_beside_x_and_y(server: Server, pause: float = 0.0) -> tuple[str, dict[s
     sid = start_turn(server, "step")
     by_type = {i["payload"]["type"]: i for i in interrupted(server, sid, 2)["interrupts"]}
     if pause:
-        time.sleep(pause)  # a person takes a moment to answer: not a synchronisation
+        # A person takes a moment to answer. Not a wait for an event: the budget parks at
+        # once only a worker silent for PARK_SETTLE_SECONDS, so the test needs that much time
+        # to pass (without it the park comes later, after the race; the test then passes on
+        # the code it was written against, which is how this was checked).
+        time.sleep(pause)
     assert resume_ok(server, sid, by_type["a"]["interrupt_id"], "A")["status"] == "interrupted"
     return sid, by_type
 

@@ -51,7 +51,7 @@ from motus.api.schemas import (
     WhoAmI,
 )
 from motus.serve.errors import BadRequest, CustomIdsDisabled, ReadOnlyKey, ServeError, TooManyWaiters, Unauthorized, Unprocessable
-from motus.serve.inbox_json import inbox_items
+from motus.serve.inbox_json import inbox_text
 from motus.serve.live import describe_turn
 from motus.serve.logs import install_request_log
 from motus.serve.streams import event_stream, isoformat
@@ -575,9 +575,16 @@ def inbox() -> Response:
             found = turns.wait_inbox(kind, timeout)
     else:
         found = turns.inbox(kind)
-    # Built as dicts, not through InboxItem (the schema): thousands of items are one answer
-    # on a request thread holding the GIL (motus.serve.inbox_json).
-    return jsonify(inbox_items(found, turns.shown_payload, turns.quorum_state))
+    # Written as text from each item's kept text, not through InboxItem (the schema):
+    # thousands of items are one answer on a request thread holding the GIL, and an open
+    # Inbox view asks for it at every change (motus.serve.inbox_json).
+    text = inbox_text(found, turns.shown_payload, turns.quorum_state, _compact_json)
+    return current_app.response_class(text, mimetype=current_app.json.mimetype)  # type: ignore[attr-defined]
+
+
+def _compact_json(value: Any) -> str:
+    """JSON text as ``jsonify`` writes it (the app's settings, no spaces)."""
+    return current_app.json.dumps(value, separators=(",", ":"))
 
 
 @api.get("/events")

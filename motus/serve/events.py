@@ -22,15 +22,17 @@ Rules:
   the same Condition, and ``wait`` raises ``Parked``; ``publish`` and ``close`` wake the
   registered tickets as they notify the blocked threads (see ``motus.serve.waiting``).
 
-Thread ownership: ``_watched`` and ``_closing`` are guarded by ``_lock``; each ``_Watch``'s
-``waiters`` and ``parked`` by ``_lock`` too (taken inside the watch's Condition, never the
-other way round), the rest of a watch by its Condition.
+Thread ownership: ``_watched``, ``_closing`` and the inbox's generation and changes are
+guarded by ``_lock``; each ``_Watch``'s ``waiters`` and ``parked`` by ``_lock`` too (taken
+inside the watch's Condition, never the other way round), the rest of a watch by its
+Condition.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from datetime import datetime, timezone
 from collections.abc import Callable, Collection
 from typing import TypeVar
@@ -45,6 +47,9 @@ ALL = "*"
 #: inbox): every publish that says so, and every publish of ``ALL``. ``inbox_key(kind)`` is
 #: the same for one type of interrupt.
 INBOX = "*inbox"
+#: The latest inbox changes kept for ``Events.inbox_changes``: a reader further behind than
+#: this reads the whole inbox again.
+INBOX_CHANGES_KEPT = 4096
 
 
 def inbox_key(kind: str | None) -> str:
@@ -68,6 +73,9 @@ class Events:
         #: Counts the publishes that may have changed the inbox (what ``inbox_generation``
         #: says), so that a reader can keep the inbox it computed until the next one.
         self._inbox_generation = 0
+        #: The session of each of the latest such publishes, by generation (oldest first;
+        #: ``ALL`` for a publish that may have changed any): what ``inbox_changes`` reads.
+        self._inbox_changes: deque[tuple[int, str]] = deque(maxlen=INBOX_CHANGES_KEPT)
 
     @property
     def closing(self) -> bool:
@@ -80,6 +88,20 @@ class Events:
         until it changes."""
         return self._inbox_generation
 
+    def inbox_changes(self, since: int) -> set[str] | None:
+        """The sessions whose pending interrupts may have changed after generation ``since``
+        (every publish that counted a generation since), so a reader that kept the inbox of
+        ``since`` reads those sessions again instead of the whole inbox. None when it cannot
+        tell: a publish of ``ALL`` since, or ``since`` older than the changes kept."""
+        with self._lock:
+            changes = self._inbox_changes
+            if since > self._inbox_generation:
+                return None
+            if since < self._inbox_generation and (not changes or changes[0][0] > since + 1):
+                return None
+            found = {session_id for generation, session_id in changes if generation > since}
+        return None if ALL in found else found
+
     def publish(self, session_id: str, inbox: bool | Collection[str] = True) -> None:
         """Wake whoever waits on ``session_id`` or ``ALL``, and the inbox long polls: all of
         them (``inbox=True``: the publisher cannot tell what changed), none (``False`` or
@@ -88,6 +110,7 @@ class Events:
         with self._lock:
             if inbox:
                 self._inbox_generation += 1
+                self._inbox_changes.append((self._inbox_generation, session_id))
             watches = [self._watched.get(session_id), self._watched.get(ALL)]
             if inbox is True or session_id == ALL:
                 watches += [watch for key, watch in self._watched.items() if key.startswith(INBOX)]

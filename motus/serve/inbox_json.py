@@ -54,6 +54,8 @@ class _Entry(Protocol):
     session_id: str
     item: _Pending
     context: _Context
+    #: The item's JSON text, once written (``inbox_text``).
+    rendered: dict[str, Any]
 
 
 def inbox_items(
@@ -72,6 +74,43 @@ def inbox_items(
         seen[entry.session_id] += 1
         items.append(_item(entry, shown_payload, quorum_state, seen[entry.session_id], counts[entry.session_id]))
     return items
+
+
+def inbox_text(
+    entries: Sequence[_Entry],
+    shown_payload: Callable[[Any], Any],
+    quorum_state: Callable[[Any, Any, str | None], tuple[int, Sequence[Mapping[str, Any]]]],
+    dumps: Callable[[Any], str],
+) -> bytes:
+    """The answer ``jsonify(inbox_items(entries, shown_payload, quorum_state))`` writes, byte
+    for byte (UTF-8, its closing newline included), where ``dumps`` writes JSON without
+    spaces as ``jsonify`` does: a list's text is its items' texts joined.
+
+    Each item's text is written once and kept on its entry (``rendered``), with the position
+    it was written for: an entry lives in the kept inbox until its session changes
+    (``Queries.inbox``), and an open Inbox view reads the whole inbox at every change, so
+    with thousands pending the answer is mostly joined, not made. What the text depends on
+    besides the entry and its position (the policy's shown payload and quorum, the keys'
+    roles) is fixed for the life of the server."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.session_id] = counts.get(entry.session_id, 0) + 1
+    seen: dict[str, int] = {}
+    parts = []
+    for entry in entries:
+        session_id = entry.session_id
+        position = seen[session_id] = seen.get(session_id, 0) + 1
+        of = counts[session_id]
+        rendered = entry.rendered
+        kept = rendered.get("text")  # one value (position, of, text): request threads share entries
+        if kept is None or kept[0] != position or kept[1] != of:  # new, or in a list of one type
+            kept = rendered["text"] = (position, of, dumps(_item(entry, shown_payload, quorum_state, position, of)).encode())
+        parts.append(kept[2])
+    if not parts:
+        return b"[]\n"
+    parts[0] = b"[" + parts[0]  # joined once: megabytes are copied once, not three times
+    parts[-1] += b"]\n"
+    return b",".join(parts)
 
 
 def _item(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -409,10 +409,14 @@ class DurableStore(Store):
         time, then id)."""
 
     @abstractmethod
-    def inbox(self) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+    def inbox(
+        self, session_ids: Collection[str] | None = None
+    ) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
         """``pending_interrupts``, and what an approver needs to know of each of their
         sessions: its title, and its live turn's message and finished model records. Read
-        in one snapshot: an item is never shown beside another turn's message."""
+        in one snapshot: an item is never shown beside another turn's message. With
+        ``session_ids``, of those sessions only (the ones whose inbox changed since a kept
+        inbox was read: ``Queries.inbox``), in the same order."""
 
     @abstractmethod
     def live_turns(self) -> list[LiveTurn]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -230,18 +230,21 @@ class PostgresStore(SharedStore):
         with self._conn() as conn:
             return _pending_interrupts(conn)
 
-    def inbox(self) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+    def inbox(
+        self, session_ids: Collection[str] | None = None
+    ) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+        only, ids = ("", None) if session_ids is None else (" AND s.session_id = ANY(%s)", (sorted(session_ids),))
         with self._conn() as conn:
             with conn.transaction():  # one snapshot: the items, their sessions and replies agree
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                pending = _pending_interrupts(conn)
+                pending = _pending_interrupts(conn, only, ids)
                 rows = conn.execute(
-                    "SELECT session_id, turn_id, turn, title FROM motus_sessions WHERE status = 'interrupted'"
+                    f"SELECT session_id, turn_id, turn, title FROM motus_sessions s WHERE status = 'interrupted'{only}", ids
                 ).fetchall()
                 replies = conn.execute(
                     f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
                     " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
-                    "WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done ORDER BY j.session_id, j.seq"
+                    f"WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done{only} ORDER BY j.session_id, j.seq", ids
                 ).fetchall()
         return pending, inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
 
@@ -638,11 +641,12 @@ def _division_by_zero() -> type[BaseException]:
     return errors.DivisionByZero
 
 
-def _pending_interrupts(conn: Any) -> list[tuple[str, JournalEntry]]:
+def _pending_interrupts(conn: Any, only: str = "", ids: tuple[Any, ...] | None = None) -> list[tuple[str, JournalEntry]]:
     rows = conn.execute(
         f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J}" +
         " FROM motus_journal j JOIN motus_sessions s ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
-        "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done ORDER BY coalesce(j.created_at, 0), j.ref"
+        f"WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND NOT j.done{only} ORDER BY coalesce(j.created_at, 0), j.ref",
+        ids,
     ).fetchall()
     return [(row[0], stored_entry(row[1:])) for row in rows]
 

@@ -35,7 +35,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from motus.durable.records import JournalEntry
 from motus.serve.store.group_commit import GroupCommitter
@@ -360,23 +360,31 @@ class SqliteStore(DurableStore):
         with self._lock:
             return self._pending_interrupts()
 
-    def _pending_interrupts(self) -> list[tuple[str, JournalEntry]]:
+    def _pending_interrupts(self, only: str = "", ids: tuple[str, ...] = ()) -> list[tuple[str, JournalEntry]]:
         rows = self._db().execute(
             f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
             "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
-            "WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0 ORDER BY coalesce(j.created_at, 0), j.ref"
+            f"WHERE s.status = 'interrupted' AND j.kind = 'interrupt' AND j.done = 0{only} "
+            "ORDER BY coalesce(j.created_at, 0), j.ref", ids
         ).fetchall()
         return [(row[0], stored_entry(row[1:])) for row in rows]
 
-    def inbox(self) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+    def inbox(
+        self, session_ids: Collection[str] | None = None
+    ) -> tuple[list[tuple[str, JournalEntry]], dict[str, InboxContext]]:
+        # Some sessions: their ids as one JSON array parameter (no limit on how many).
+        only, ids = ("", ()) if session_ids is None else (" AND s.session_id IN (SELECT value FROM json_each(?))",
+                                                          (dump_json(sorted(session_ids)),))
         with self._lock:  # the one connection, under the lock: no commit between the reads
-            pending = self._pending_interrupts()
+            pending = self._pending_interrupts(only, ids)
             db = self._db()
-            rows = db.execute("SELECT session_id, turn_id, turn, title FROM sessions WHERE status = 'interrupted'").fetchall()
+            rows = db.execute(
+                f"SELECT session_id, turn_id, turn, title FROM sessions s WHERE status = 'interrupted'{only}", ids
+            ).fetchall()
             replies = db.execute(
                 f"SELECT j.session_id, {JOURNAL_COLUMNS_OF_J} FROM journal j JOIN sessions s "
                 "ON s.session_id = j.session_id AND s.turn_id = j.turn_id "
-                "WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done = 1 ORDER BY j.session_id, j.seq"
+                f"WHERE s.status = 'interrupted' AND j.kind = 'model' AND j.done = 1{only} ORDER BY j.session_id, j.seq", ids
             ).fetchall()
         return pending, inbox_contexts(rows, [(row[0], stored_entry(row[1:])) for row in replies])
 

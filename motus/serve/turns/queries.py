@@ -12,13 +12,15 @@ Reads change nothing and publish nothing.
 
 Threads: request threads. The sessions are the machine's, each guarded by its own lock;
 ``_inbox_cache`` (the machine's, an ``InboxCache``) is replaced whole when the generation
-changes and its lists are never changed once stored (readers get copies), so it needs no
-lock: a race only computes the same inbox twice.
+changes and its lists are never changed once stored (readers get copies; a patch makes new
+lists), so it needs no lock: a race only computes the same inbox twice, and a reader that
+replaces a newer cache with an older one only makes the next reader patch again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 
 #: Inboxes of one type kept (one per ``?type=`` asked) until the inbox's next change.
 INBOX_CACHE_KINDS = 16
+#: A kept inbox is patched when at most this many sessions changed since it was read, and
+#: read whole again past it (a read of that many sessions costs about as much).
+INBOX_PATCH_MOST = 512
 
 
 @dataclass
@@ -44,9 +49,10 @@ class InboxCache:
     same entries, no copy), else read from the store for that type alone (cheaper: no context
     is built for the other types); reading the whole one drops the lists read alone. Types
     partition the entries, so the cache holds one copy of each pending interrupt at most,
-    and only of the current generation: a new generation starts an empty cache, so the
-    memory it holds is bounded by the pending interrupts, not by the types clients ask for
-    (16 types each read from the store once held 16 inboxes)."""
+    and only of the current generation: a new generation starts from the lists read before
+    it, patched (``Queries._caught_up``; the types filtered from the whole one are filtered
+    again when asked), so the memory it holds is bounded by the pending interrupts, not by
+    the types clients ask for (16 types each read from the store once held 16 inboxes)."""
 
     generation: int
     whole: list[Any] | None = None
@@ -102,15 +108,17 @@ class Queries:
         with what an approver needs to know of its turn (``TurnContext``).
 
         Kept until the next publish that may change it (``Events.inbox_generation``), since
-        one interrupt wakes every inbox long poll at once and each reads it; not on a shared
-        store, where another instance's change is read here (``_all_fresh``) before it is
-        published."""
+        one interrupt wakes every inbox long poll at once and each reads it; then brought up
+        to date by reading again only the sessions published since (``Events.inbox_changes``):
+        with thousands pending, the whole inbox is a read of every waiting session, and an
+        open Inbox view reads it at every change. Not on a shared store, where another
+        instance's change is read here (``_all_fresh``) before it is published."""
         if isinstance(self.store, SharedStore):
             return self._read_inbox(kind)
         generation = self.events.inbox_generation  # read before the inbox: a change meanwhile makes it stale
         cache = self._inbox_cache
         if cache.generation != generation:
-            cache = InboxCache(generation)
+            cache = self._caught_up(cache, generation)
         if kind is None:
             if cache.whole is None:
                 cache = InboxCache(generation, self._read_inbox(None))  # its types are filtered from it from now on
@@ -128,10 +136,30 @@ class Queries:
         self._inbox_cache = cache
         return list(found)
 
-    def _read_inbox(self: Machine, kind: str | None) -> list[InboxEntry]:
+    def _caught_up(self: Machine, cache: InboxCache, generation: int) -> InboxCache:
+        """The kept inbox brought to ``generation``: its lists with the entries of the
+        sessions published since read again (the same entries as a whole read, a session's
+        being replaced by what it shows now), or an empty cache when it cannot tell which
+        changed or too many did. A type's list filtered from the whole one is filtered again
+        when asked; one read alone is patched alone."""
+        if cache.whole is None and not cache.kinds:
+            return InboxCache(generation)
+        changed = self.events.inbox_changes(cache.generation)
+        if changed is None or len(changed) > INBOX_PATCH_MOST:
+            return InboxCache(generation)
+        fresh = self._read_inbox(None, changed) if changed else []
+        if cache.whole is not None:
+            return InboxCache(generation, _patched(cache.whole, changed, fresh))
+        kinds = {kind: _patched(found, changed, [entry for entry in fresh if entry.item.type == kind])
+                 for kind, found in cache.kinds.items()}
+        return InboxCache(generation, None, kinds)
+
+    def _read_inbox(self: Machine, kind: str | None, session_ids: Collection[str] | None = None) -> list[InboxEntry]:
+        """The inbox (of type ``kind``) read from the store, or from the sessions held
+        without one; of the sessions ``session_ids`` only, when given."""
         store = self.store
         if isinstance(store, DurableStore):
-            pending, contexts = ask_store(store.inbox)
+            pending, contexts = ask_store(lambda: store.inbox(session_ids))
             found = []
             for session_id, entry in pending:
                 stored = contexts.get(session_id)
@@ -142,7 +170,12 @@ class Queries:
                     found.append(InboxEntry(session_id, item, context))
             return found
         found = []
-        for session in self._all():
+        if session_ids is None:
+            sessions = self._all()
+        else:
+            with self._registry:
+                sessions = [self._sessions[sid] for sid in session_ids if sid in self._sessions]
+        for session in sessions:
             with session.lock:
                 if session.deleted:
                     continue
@@ -152,7 +185,7 @@ class Queries:
                     journal = [e for e in turn.journal.values() if e.kind == MODEL and e.done] if turn is not None else []
                     context = turn_context(session.title, turn, journal)
                     found.extend(InboxEntry(session.session_id, item, context) for item in items)
-        found.sort(key=lambda entry: (entry.item.created_at or 0.0, entry.item.interrupt_id))
+        found.sort(key=inbox_order)
         return found
 
     def wait_inbox(self: Machine, kind: str | None, timeout: float) -> list[InboxEntry]:
@@ -257,6 +290,9 @@ class InboxEntry:
     session_id: str
     item: PendingInterrupt
     context: TurnContext
+    #: Its item's JSON text, once written (``motus.serve.inbox_json.inbox_text``): an entry
+    #: is kept until its session changes, and the whole inbox is read at every change.
+    rendered: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def turn_context(title: str | None, turn: Any, replies: Iterable[JournalEntry]) -> TurnContext:
@@ -265,6 +301,21 @@ def turn_context(title: str | None, turn: Any, replies: Iterable[JournalEntry]) 
     if turn is None:
         return TurnContext(title, None, None, None, None)
     return TurnContext(title, turn.message, turn.by, turn.started_at, agent_text(replies))
+
+
+def inbox_order(entry: InboxEntry) -> tuple[float, str]:
+    """Where an entry stands in the inbox: oldest first, then by id (the store's order)."""
+    return (entry.item.created_at or 0.0, entry.item.interrupt_id)
+
+
+def _patched(entries: list[InboxEntry], changed: Collection[str], fresh: Iterable[InboxEntry]) -> list[InboxEntry]:
+    """``entries`` (in inbox order) with those of the sessions ``changed`` replaced by
+    ``fresh`` (what those sessions show now), in inbox order. A new list: a kept one is
+    never changed (readers hold copies of it)."""
+    kept = [entry for entry in entries if entry.session_id not in changed]
+    for entry in fresh:
+        bisect.insort(kept, entry, key=inbox_order)
+    return kept
 
 
 def _summary(session: Session) -> SessionSummary:

@@ -9,11 +9,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from flask import Flask, jsonify
 
 from motus.api.approvers import approval_record
 from motus.api.schemas import Approval, InboxContext, InboxItem
 from motus.serve.events import isoformat
-from motus.serve.inbox_json import inbox_items
+from motus.serve.inbox_json import inbox_items, inbox_text
 from motus.serve.live import MAX_TEXT, message_text
 from motus.serve.turns.queries import InboxEntry, TurnContext
 from motus.serve.turns.state import PendingInterrupt
@@ -63,12 +64,29 @@ def entry(session_id: str, payload: dict[str, Any], ref: str = "int-1", context:
                       context or TurnContext(None, None, None, None, None))
 
 
+def jsonified(items: list[dict[str, Any]]) -> str:
+    """The answer's text as the app's ``jsonify`` writes it (its JSON settings)."""
+    app = Flask(__name__)
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # as motus.serve.app sets it
+    with app.app_context():
+        return jsonify(items).get_data(as_text=True)
+
+
 def same(entries: list[InboxEntry], shown: Any = lambda p: p, quorum_state: Any = no_quorum) -> None:
     fast = inbox_items(entries, shown, quorum_state)
     oracle = by_model(entries, shown, quorum_state)
     # Key order counts (the answer is written in it): compare the JSON text too.
     assert json.dumps(fast) == json.dumps(oracle)
     assert fast == oracle or json.dumps(fast) == json.dumps(oracle)  # NaN is not equal to itself
+    # The answer's text, written from each item's kept text, is jsonify's of the items: the
+    # first time (each item's text written and kept) and again (the kept texts joined).
+    app = Flask(__name__)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    with app.app_context():
+        for _ in range(2):
+            text = inbox_text(entries, shown, quorum_state, lambda value: app.json.dumps(value, separators=(",", ":")))
+            assert text.decode() == jsonified(oracle)
+    assert all("text" in entry.rendered for entry in entries)
 
 
 APPROVAL = {"type": "tool_approval", "tool_name": "delete_file", "arguments": {"path": "/tmp/x"}}
@@ -110,6 +128,11 @@ def test_items_are_numbered_within_their_session() -> None:
     items = inbox_items(entries, lambda p: p, no_quorum)
     assert [(i["session_id"], i["position"], i["of"]) for i in items] == [("s1", 1, 3), ("s2", 1, 1), ("s1", 2, 3), ("s1", 3, 3)]
     same(entries)
+    same(entries[1:])  # the same entries in another list: their kept texts, numbered anew
+
+
+def test_an_inbox_with_no_items_is_an_empty_list() -> None:
+    same([])
 
 
 @pytest.mark.parametrize("payload", [

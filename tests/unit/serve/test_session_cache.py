@@ -84,7 +84,8 @@ def test_the_inbox_of_one_type_is_the_whole_inbox_s_entries_and_only_the_latest_
     """With 50,000 approvals pending, each type asked of the inbox held a copy of them read
     from the store again (+30 MiB a type for 20,000; 16 types were kept), and the inboxes of
     types not asked again stayed after every change. Now a type's inbox is filtered from the
-    whole one when that was read (the same entries), and a change drops what was kept."""
+    whole one when that was read (the same entries), and a change drops the types' lists
+    (the whole one is patched: ``test_inbox_cache``)."""
     turns, pool = make_turns(store=sqlite)
     first, second = turns.create().session_id, turns.create().session_id
     interrupted(turns, pool, first, "a")
@@ -96,10 +97,10 @@ def test_the_inbox_of_one_type_is_the_whole_inbox_s_entries_and_only_the_latest_
     kept = turns._inbox_cache  # noqa: SLF001
     assert kept.whole is not None and set(kept.kinds) == {"tool_approval", "user_input", "other"}
 
-    interrupted(turns, pool, second, "b")  # a change: what was kept is of the last generation
-    assert [entry.item.interrupt_id for entry in turns.inbox("tool_approval")] == ["a", "b"]  # read for its type alone
+    interrupted(turns, pool, second, "b")  # a change: the whole one is patched, the types filtered again when asked
+    assert [entry.item.interrupt_id for entry in turns.inbox("tool_approval")] == ["a", "b"]
     kept = turns._inbox_cache  # noqa: SLF001
-    assert kept.whole is None and set(kept.kinds) == {"tool_approval"}
+    assert kept.whole is not None and set(kept.kinds) == {"tool_approval"}
     assert [entry.item.interrupt_id for entry in turns.inbox()] == ["a", "b"]
     assert turns.inbox("user_input") == []
 

@@ -359,6 +359,24 @@ def test_a_title_its_senders_and_the_inbox_context_of_each_waiting_session_are_r
     assert reloaded["idle"].senders == {0: {"by": "alice", "at": 1.5}, 12: {"by": "bob", "at": 2.5}}
 
 
+def test_the_inbox_of_some_sessions_is_the_whole_inbox_of_those_sessions(durable: Backend) -> None:
+    """``inbox(session_ids)``: what a kept inbox reads again of the sessions that changed. It
+    is the whole inbox's items and contexts of those sessions, in the same order; a session
+    not waiting, unknown or not asked is not read."""
+    store = durable.open()
+    second = replace(PENDING, seq=2, ref="int-2", created_at=(PENDING.created_at or 0.0) + 1.0)
+    durable.save(store, session("asks", title="Invoices", turn=live_turn()), [PENDING, MODEL_CALL])
+    durable.save(store, session("twice", turn=live_turn()), [second, replace(PENDING, ref="int-3")])
+    durable.save(store, session("other", turn=live_turn()), [replace(PENDING, ref="int-4")])
+    durable.save(store, session("runs", status="running", turn=live_turn()), [MODEL_CALL])
+    pending, contexts = store.inbox()
+    for asked in ({"asks", "twice"}, {"twice", "runs", "nobody"}, {"other"}, set()):
+        some, theirs = store.inbox(asked)
+        assert some == [(sid, entry) for sid, entry in pending if sid in asked]
+        assert theirs == {sid: context for sid, context in contexts.items() if sid in asked}
+    assert store.inbox(["asks"])[1]["asks"].turn.journal == [MODEL_CALL]  # type: ignore[union-attr]
+
+
 def test_the_senders_are_written_with_the_history_and_kept_by_a_save_without_it(durable: Backend) -> None:
     """The senders change only when a turn ends with its history: a save without ``state``
     (an interrupt, a resume) leaves the stored ones as they are, whatever its record says; a

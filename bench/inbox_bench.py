@@ -1,0 +1,172 @@
+"""A large inbox watched while people work: what an open Inbox view costs everyone else.
+
+The web chat's Inbox view reads ``GET /interrupts`` again at every change it hears of on the
+all-sessions event stream, so while turns come and go it reads the whole inbox back to back.
+With thousands of approvals pending, each read is the whole inbox: this bench measures what
+that costs the server and the people working beside it.
+
+A SQLite store is filled with ``--sessions`` sessions (half idle, half parked with one
+``tool_approval`` pending; ``sessions_bench.fill``). Per checkout (``--root PATH:LABEL``), a
+server on a copy of it (default options), then, in turns of ``--seconds`` each:
+
+- ``--clients`` clients run gated cycles on sessions of their own (message, long poll until
+  ``interrupted``, approve, long poll until ``idle``: each cycle changes the inbox twice), with
+  no one watching the inbox;
+- the same, while ``--watchers`` clients each read ``GET /interrupts`` back to back (read
+  whole, not parsed).
+
+It reports cycles a second and their p50, the watchers' reads a second and their p50, and
+the server tree's CPU a cycle. Run from the repository root on an otherwise idle machine::
+
+    python bench/inbox_bench.py --sessions 40000
+    python bench/inbox_bench.py --root /tmp/before:before --root .:after --sessions 40000
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.durable_bench import Http, Served, kill_all, table  # noqa: E402
+from bench.sessions_bench import fill  # noqa: E402
+
+AGENT = "bench.agents:approve_once"
+
+
+def tree_cpu(served: Served) -> float:
+    total = 0.0
+    for proc in served.tree():
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except Exception:  # noqa: BLE001 - a worker that ended between listing and reading
+            continue
+    return total
+
+
+def phase(served: Served, sessions: list[str], watchers: int, seconds: float) -> dict[str, object]:
+    stop = threading.Event()
+    cycles: list[float] = []
+    reads: list[float] = []
+    sizes: list[int] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def worker(sid: str) -> None:
+        http = Http(served.port)
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                http.call("POST", f"/sessions/{sid}/messages", {"content": "go"})
+                body = http.call("GET", f"/sessions/{sid}?wait=true&timeout=60")
+                if body["status"] != "interrupted":
+                    raise RuntimeError(f"{sid}: {body['status']}")
+                http.call("POST", f"/sessions/{sid}/resume",
+                          {"interrupt_id": body["interrupts"][0]["interrupt_id"], "value": {"approved": True}})
+                done = http.call("GET", f"/sessions/{sid}?wait=true&timeout=60")
+                if done["status"] != "idle":
+                    raise RuntimeError(f"{sid}: {done['status']}")
+                with lock:
+                    cycles.append(time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            http.close()
+
+    def watcher() -> None:
+        # The answer is read whole but not parsed: a browser parses it on its own machine,
+        # and parsing megabytes here would take the cores the server runs on.
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                conn.request("GET", "/interrupts")
+                response = conn.getresponse()
+                raw = response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"GET /interrupts: {response.status} {raw[:200]!r}")
+                with lock:
+                    reads.append(time.perf_counter() - t0)
+                    sizes.append(raw.count(b'"interrupt_id":'))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(sid,)) for sid in sessions]
+    threads += [threading.Thread(target=watcher) for _ in range(watchers)]
+    cpu0, t0 = tree_cpu(served), time.perf_counter()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(180)
+    wall = time.perf_counter() - t0
+    cpu = tree_cpu(served) - cpu0
+    if errors:
+        raise RuntimeError(f"{len(errors)} client errors, first: {errors[0]}")
+    return {"cycles": cycles, "reads": reads, "sizes": sizes, "wall": wall, "cpu": cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=40_000, help="sessions in the store, half with an approval pending")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--watchers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--slices", type=int, default=2, help="turns of (quiet, watched) per checkout")
+    parser.add_argument("--root", action="append", default=[], help="PATH:LABEL of a checkout (repeatable); default this one")
+    args = parser.parse_args()
+    roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1]) for r in args.root] or [(ROOT, "this")]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        filled = tmp / "filled.db"
+        fill(filled, args.sessions)
+        servers = {}
+        try:
+            for root, label in roots:
+                copy = tmp / f"{label}.db"
+                shutil.copy(filled, copy)
+                servers[label] = Served(label, "--store", f"sqlite:///{copy}", "--max-sessions", "0", agent=AGENT, log="inbox", root=root, settle=2.0)
+            own = {label: [served.http.call("POST", "/sessions", {})["session_id"] for _ in range(args.clients)]
+                   for label, served in servers.items()}
+            results: dict[tuple[str, int], list[dict[str, object]]] = {}
+            for _ in range(args.slices):
+                for watchers in (0, args.watchers):
+                    for label, served in servers.items():  # the checkouts take turns
+                        results.setdefault((label, watchers), []).append(phase(served, own[label], watchers, args.seconds))
+        finally:
+            for served in servers.values():
+                served.stop()
+            kill_all()
+    for (label, watchers), runs in results.items():
+        cycles = [c for r in runs for c in r["cycles"]]
+        reads = [c for r in runs for c in r["reads"]]
+        wall = sum(r["wall"] for r in runs)
+        cpu = sum(r["cpu"] for r in runs)
+        sizes = [s for r in runs for s in r["sizes"]]
+        rows.append((
+            label, watchers, f"{len(cycles) / wall:.1f} /s", f"{statistics.median(cycles) * 1000:.0f} ms" if cycles else "-",
+            f"{cpu / max(len(cycles), 1) * 1000:.1f} ms",
+            f"{len(reads) / wall:.2f} /s" if reads else "-",
+            f"{statistics.median(reads) * 1000:.0f} ms" if reads else "-",
+            f"{statistics.median(sizes):.0f}" if sizes else "-",
+        ))
+    print()
+    table(("checkout", "inbox watchers", "cycles", "cycle p50", "tree CPU a cycle", "inbox reads", "read p50", "items a read"), rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The kept inbox (``Queries.inbox``): read whole once, then brought up to date at each
+change by reading again only the sessions published since (``Events.inbox_changes``).
+
+An open Inbox view reads ``GET /interrupts`` at every change it hears of; with 20,000
+approvals pending, reading the whole inbox again at each change held the store's lock and the
+GIL ~0.8 s, and two such views took a server from 112 gated cycles a second to 1
+(``bench/inbox_bench.py``). The oracle here is a whole read (``_read_inbox``): whatever
+happens, the kept inbox is what a whole read would give, and an entry of a session that did
+not change is the very object read before (not read again).
+
+Real SQLite files and the memory store; the pool is the recording stand-in of ``test_turns``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from motus.durable.records import Interrupt, Result
+from motus.serve.events import ALL, INBOX_CHANGES_KEPT, Events
+from motus.serve.store import MemoryStore, Store, store_from_url
+from motus.serve.turns import Turns
+from tests.unit.serve.test_turns import MESSAGE, REPLY, MakeTurns, RecordingPool, make_turns  # noqa: F401
+
+QUESTION = {"type": "user_input", "question": "Which colour?"}
+APPROVAL = {"type": "tool_approval", "tool": "delete_db"}
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made = store_from_url(f"sqlite:///{tmp_path}/sessions.sqlite3") if request.param == "sqlite" else MemoryStore()
+    made.open()
+    yield made
+    made.close()
+
+
+def ids(entries: list) -> list[tuple[str, str, str | None]]:
+    return [(e.session_id, e.item.interrupt_id, e.context.title) for e in entries]
+
+
+def ask(turns: Turns, pool: RecordingPool, session_id: str, *payloads: dict) -> list[str]:
+    """Start a turn on ``session_id`` whose worker raises one interrupt per payload."""
+    turns.start_turn(session_id, MESSAGE)
+    handle = pool.handle(session_id)
+    made = []
+    for seq, payload in enumerate(payloads, start=1):
+        interrupt_id = f"{session_id[:8]}-{len(pool.launched)}-{seq}"
+        turns.worker_message(handle, Interrupt(interrupt_id=interrupt_id, payload=payload, seq=seq))
+        made.append(interrupt_id)
+    return made
+
+
+def test_a_change_reads_again_only_the_sessions_it_concerns(store: Store, make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(store=store)
+    a, b, c = (turns.create().session_id for _ in range(3))
+    ask(turns, pool, a, APPROVAL)
+    ask(turns, pool, b, QUESTION, APPROVAL)
+    before = turns.inbox()
+    assert turns.inbox("user_input") == [e for e in before if e.item.type == "user_input"]
+    ask(turns, pool, c, APPROVAL)  # a change of c: a's and b's entries are kept, c's read
+    after = turns.inbox()
+    assert ids(after) == ids(turns._read_inbox(None))  # noqa: SLF001
+    assert [e.session_id for e in after].count(c) == 1
+    kept = {(e.session_id, e.item.interrupt_id): e for e in before}
+    assert all(kept[e.session_id, e.item.interrupt_id] is e for e in after if e.session_id != c)
+    turns.retitle(b, "Invoices")  # the title is in b's items: b is read again
+    retitled = turns.inbox()
+    assert {e.context.title for e in retitled if e.session_id == b} == {"Invoices"}
+    assert all(e is next(x for x in after if x.item.interrupt_id == e.item.interrupt_id) for e in retitled if e.session_id != b)
+    assert ids(turns.inbox("tool_approval")) == ids(turns._read_inbox("tool_approval"))  # noqa: SLF001
+
+
+def test_a_type_asked_alone_is_patched_alone(store: Store, make_turns: MakeTurns) -> None:
+    turns, pool = make_turns(store=store)
+    a, b = turns.create().session_id, turns.create().session_id
+    ask(turns, pool, a, QUESTION)
+    questions = turns.inbox("user_input")
+    ask(turns, pool, b, APPROVAL, QUESTION)
+    assert ids(turns.inbox("user_input")) == ids(turns._read_inbox("user_input"))  # noqa: SLF001
+    assert turns.inbox("user_input")[0] is questions[0]
+    assert turns._inbox_cache.whole is None  # noqa: SLF001  # no whole inbox was read for it
+    assert ids(turns.inbox()) == ids(turns._read_inbox(None))  # noqa: SLF001
+
+
+def test_whatever_happens_the_kept_inbox_is_what_a_whole_read_gives(store: Store, make_turns: MakeTurns) -> None:
+    """Turns asked, answered one interrupt at a time, ended, retitled and deleted at random,
+    the inbox (whole, and of each type) read between; each read equals a whole read."""
+    turns, pool = make_turns(store=store, max_workers=64)
+    rng = random.Random(27)
+    sessions = [turns.create().session_id for _ in range(12)]
+    waiting: dict[str, list[str]] = {}
+    for step in range(400):
+        sid = rng.choice(sessions)
+        if sid not in sessions:
+            continue
+        pending = waiting.get(sid)
+        move = rng.random()
+        if move < 0.1:
+            turns.retitle(sid, f"title {step}")
+        elif move < 0.15:
+            turns.delete(sid)
+            sessions.remove(sid)
+            waiting.pop(sid, None)
+            sessions.append(turns.create().session_id)
+        elif not pending and turns.get(sid).status.value == "idle":
+            waiting[sid] = ask(turns, pool, sid, *rng.sample([APPROVAL, QUESTION, APPROVAL], rng.randint(1, 3)))
+        elif pending:
+            turns.resume(sid, pending.pop(rng.randrange(len(pending))), True, by="bob")
+            if not pending:
+                turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
+                del waiting[sid]
+        kind = rng.choice([None, None, "tool_approval", "user_input"])
+        assert ids(turns.inbox(kind)) == ids(turns._read_inbox(kind)), f"step {step}"  # noqa: SLF001
+    assert sum(len(p) for p in waiting.values()) == len(turns.inbox())
+
+
+def test_the_changes_since_a_generation_are_the_sessions_published_since() -> None:
+    events = Events()
+    events.publish("a")
+    events.publish("b", inbox=False)  # no inbox change: no generation
+    events.publish("c", inbox={"user_input"})
+    assert events.inbox_generation == 2
+    assert events.inbox_changes(0) == {"a", "c"} and events.inbox_changes(1) == {"c"} and events.inbox_changes(2) == set()
+    events.publish(ALL)
+    assert events.inbox_changes(2) is None  # anything may have changed
+    assert events.inbox_changes(3) == set()
+    for n in range(INBOX_CHANGES_KEPT):
+        events.publish(f"s{n}")
+    assert events.inbox_changes(3) == {f"s{n}" for n in range(INBOX_CHANGES_KEPT)}  # every one still kept
+    events.publish("one more")
+    assert events.inbox_changes(3) is None  # older than the changes kept: read it whole
+    assert events.inbox_changes(4) == {f"s{n}" for n in range(1, INBOX_CHANGES_KEPT)} | {"one more"}
+    assert events.inbox_changes(events.inbox_generation + 1) is None  # a generation not reached yet

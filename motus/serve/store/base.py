@@ -479,3 +479,12 @@ class SharedStore(DurableStore):
     def pull_events(self) -> set[str]:
         """Fetch events committed by any instance into the events kept in memory; returns
         the sessions they belong to."""
+
+    @abstractmethod
+    def changed_since(self, seq: int) -> tuple[int, set[str] | None]:
+        """The newest committed event's seq, and the sessions with an event after ``seq``
+        up to it, read in one snapshot from the store (not from what this instance's
+        listener has heard so far); None for the sessions when it cannot tell (``seq`` is
+        negative, or events after it are no longer kept). Every change of what the inbox
+        shows commits an event with it, so a kept inbox labelled with the newest seq before
+        it was read is brought up to date by reading these sessions again."""

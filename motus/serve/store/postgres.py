@@ -501,6 +501,23 @@ class PostgresStore(SharedStore):
                 ).fetchall()
         return [_event(row) for row in rows]
 
+    def changed_since(self, seq: int) -> tuple[int, set[str] | None]:
+        with self._conn() as conn:
+            with conn.transaction():  # one snapshot: the newest seq and the sessions up to it
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                newest = int(conn.execute("SELECT seq FROM motus_event_counter WHERE id = 1").fetchone()[0])
+                if seq < 0 or seq > newest:
+                    return newest, None
+                if seq == newest:
+                    return newest, set()
+                low = conn.execute("SELECT min(seq) FROM motus_events").fetchone()[0]
+                if low is None or low > seq + 1:
+                    return newest, None  # pruned: what changed since is not known
+                rows = conn.execute(
+                    "SELECT DISTINCT session_id FROM motus_events WHERE seq > %s AND seq <= %s", (seq, newest)
+                ).fetchall()
+        return newest, {row[0] for row in rows}
+
     def event_bounds(self) -> tuple[int, int]:
         self.pull_events()  # "newest" is the database's, not how far this instance's listener got
         with self._conn() as conn:

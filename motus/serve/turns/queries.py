@@ -44,10 +44,12 @@ INBOX_PATCH_MOST = 512
 
 @dataclass
 class InboxCache:
-    """The inbox of one ``Events.inbox_generation``: the whole one once read, and one list
-    per type asked. A type's list is a filter of the whole one when that was read first (the
-    same entries, no copy), else read from the store for that type alone (cheaper: no context
-    is built for the other types); reading the whole one drops the lists read alone. Types
+    """The inbox as of ``generation`` (one process: an ``Events.inbox_generation``; a shared
+    store: its newest event's seq, ``SharedStore.changed_since``): the whole one once read,
+    and one list per type asked. A type's list is a filter of the whole one when that was
+    read first (the same entries, no copy), else read from the store for that type alone
+    (cheaper: no context is built for the other types); reading the whole one drops the
+    lists read alone. Types
     partition the entries, so the cache holds one copy of each pending interrupt at most,
     and only of the current generation: a new generation starts from the lists read before
     it, patched (``Queries._caught_up``; the types filtered from the whole one are filtered
@@ -107,21 +109,25 @@ class Queries:
         """Every pending interrupt of every session (of type ``kind``), oldest first, each
         with what an approver needs to know of its turn (``TurnContext``).
 
-        Kept until the next publish that may change it (``Events.inbox_generation``), since
-        one interrupt wakes every inbox long poll at once and each reads it; then brought up
-        to date by reading again only the sessions published since (``Events.inbox_changes``):
-        with thousands pending, the whole inbox is a read of every waiting session, and an
-        open Inbox view reads it at every change. Not on a shared store, where another
-        instance's change is read here (``_all_fresh``) before it is published."""
-        if isinstance(self.store, SharedStore):
-            return self._read_inbox(kind)
-        generation = self.events.inbox_generation  # read before the inbox: a change meanwhile makes it stale
+        Kept between changes, since one interrupt wakes every inbox long poll at once and
+        each reads it, and an open Inbox view reads it at every change; brought up to date
+        by reading again only the sessions that changed since: with thousands pending, the
+        whole inbox is a read of every waiting session. With one process, what changed is
+        what was published (``Events.inbox_generation``, ``Events.inbox_changes``); on a
+        shared store, it is asked of the store at each read (``SharedStore.changed_since``),
+        since another instance's change is committed there before it is published here."""
         cache = self._inbox_cache
-        if cache.generation != generation:
-            cache = self._caught_up(cache, generation)
+        store = self.store
+        if isinstance(store, SharedStore):
+            label, changed = ask_store(lambda: store.changed_since(cache.generation))
+        else:
+            label = self.events.inbox_generation  # read before the inbox: a change meanwhile makes it stale
+            changed = self.events.inbox_changes(cache.generation) if label != cache.generation else set()
+        if label != cache.generation:
+            cache = self._caught_up(cache, label, changed)
         if kind is None:
             if cache.whole is None:
-                cache = InboxCache(generation, self._read_inbox(None))  # its types are filtered from it from now on
+                cache = InboxCache(label, self._read_inbox(None))  # its types are filtered from it from now on
             found = cache.whole
         else:
             found = cache.kinds.get(kind)
@@ -132,27 +138,24 @@ class Queries:
                     found = self._read_inbox(kind)
                 kinds = {} if len(cache.kinds) >= INBOX_CACHE_KINDS else dict(cache.kinds)  # types come from clients' queries
                 kinds[kind] = found
-                cache = InboxCache(generation, cache.whole, kinds)
+                cache = InboxCache(label, cache.whole, kinds)
         self._inbox_cache = cache
         return list(found)
 
-    def _caught_up(self: Machine, cache: InboxCache, generation: int) -> InboxCache:
-        """The kept inbox brought to ``generation``: its lists with the entries of the
-        sessions published since read again (the same entries as a whole read, a session's
-        being replaced by what it shows now), or an empty cache when it cannot tell which
-        changed or too many did. A type's list filtered from the whole one is filtered again
+    def _caught_up(self: Machine, cache: InboxCache, label: int, changed: set[str] | None) -> InboxCache:
+        """The kept inbox brought to ``label``: its lists with the entries of the sessions
+        ``changed`` since read again (the same entries as a whole read, a session's being
+        replaced by what it shows now), or an empty cache when it cannot tell which changed
+        (None) or too many did. A type's list filtered from the whole one is filtered again
         when asked; one read alone is patched alone."""
-        if cache.whole is None and not cache.kinds:
-            return InboxCache(generation)
-        changed = self.events.inbox_changes(cache.generation)
-        if changed is None or len(changed) > INBOX_PATCH_MOST:
-            return InboxCache(generation)
+        if (cache.whole is None and not cache.kinds) or changed is None or len(changed) > INBOX_PATCH_MOST:
+            return InboxCache(label)
         fresh = self._read_inbox(None, changed) if changed else []
         if cache.whole is not None:
-            return InboxCache(generation, _patched(cache.whole, changed, fresh))
+            return InboxCache(label, _patched(cache.whole, changed, fresh))
         kinds = {kind: _patched(found, changed, [entry for entry in fresh if entry.item.type == kind])
                  for kind, found in cache.kinds.items()}
-        return InboxCache(generation, None, kinds)
+        return InboxCache(label, None, kinds)
 
     def _read_inbox(self: Machine, kind: str | None, session_ids: Collection[str] | None = None) -> list[InboxEntry]:
         """The inbox (of type ``kind``) read from the store, or from the sessions held
@@ -168,6 +171,9 @@ class Queries:
                 if kind is None or item.type == kind:
                     context = turn_context(stored.title if stored is not None else None, turn, turn.journal if turn is not None else ())
                     found.append(InboxEntry(session_id, item, context))
+            # In Python's order of ids, which ``_patched`` keeps, not the database's collation
+            # (they differ for interrupts of one gather, which share their time).
+            found.sort(key=inbox_order)
             return found
         found = []
         if session_ids is None:

@@ -117,6 +117,38 @@ def test_get_without_wait_shows_pending_interrupts(server: Server) -> None:
     server.delete(f"/sessions/{session_id}")
 
 
+def test_the_inbox_shows_each_change_at_once_whichever_instance_made_it(server: Server) -> None:
+    """The inbox is kept between changes and patched with the sessions that changed. A
+    change is in the next read, whichever instance made it and whichever answers (with two
+    instances, reads and writes alternate between them; each read is made twice, so both
+    instances answer it): an interrupt raised, a title given, an interrupt answered, a
+    session deleted."""
+
+    def mine(params: dict | None = None) -> list[tuple[str, str | None]]:
+        answers = []
+        for _ in range(2):
+            got = server.get("/interrupts", params=params)
+            assert got.status_code == 200, got.text
+            answers.append([(i["session_id"], i["context"]["session_title"]) for i in got.json() if i["session_id"] in (first, second)])
+        assert answers[0] == answers[1]
+        return answers[0]
+
+    first = start_turn(server, "approval /tmp/inbox-first.txt")
+    second = server.create_session()
+    [item] = interrupted(server, first)["interrupts"]
+    assert [sid for sid, _ in mine()] == [first]
+    assert server.patch(f"/sessions/{first}", json={"title": "Old logs"}).status_code == 200
+    assert mine() == [(first, "Old logs")] == mine({"type": "tool_approval"})
+    server.send(second, "question Which colour?")
+    interrupted(server, second)
+    assert [sid for sid, _ in mine()] == [first, second]
+    assert mine({"type": "tool_approval"}) == [(first, "Old logs")]
+    assert resume(server, first, item["interrupt_id"], {"approved": True}).status_code == 200
+    assert [sid for sid, _ in mine()] == [second] and mine({"type": "tool_approval"}) == []
+    assert server.delete(f"/sessions/{second}").status_code == 204
+    assert mine() == [] and mine({"type": "user_input"}) == []
+
+
 def test_two_concurrent_interrupts_resolve_in_any_order(server: Server) -> None:
     session_id = start_turn(server, "two")
     body = interrupted(server, session_id, count=2)

@@ -537,6 +537,39 @@ def test_event_seqs_follow_commit_order_across_instances(stores: list[Any]) -> N
     assert a.event_bounds() == (1, 400)
 
 
+def test_what_changed_since_a_seq_is_read_from_the_store_not_from_what_an_instance_heard(pg_url: str, stores: list[Any]) -> None:
+    """``changed_since``: the newest seq and the sessions with events after a seq, whichever
+    instance wrote them, read at once (the inbox of another instance must not wait for its
+    listener); None when it cannot tell: a negative seq, a seq not reached, events pruned."""
+    from motus.serve.store.postgres import PostgresStore
+
+    a, b = stores
+    newest, unknown = a.changed_since(-1)
+    assert unknown is None
+    assert a.changed_since(newest) == (newest, set())
+    made = {sid: record(sid) for sid in ("s1", "s2", "s3")}
+    for created in made.values():
+        a.save(created)
+    b.save(record("s2", version=made["s2"].version, state=None), events=[Event("s2", "status", {}, at=0.0)])
+    b.delete("s3", events=[Event("s3", "deleted", {}, at=0.0)])
+    assert a.changed_since(newest) == (newest + 2, {"s2", "s3"})
+    assert a.changed_since(newest + 1) == (newest + 2, {"s3"})
+    assert a.changed_since(newest + 3) == (newest + 2, None)  # not reached yet
+    small = PostgresStore(pg_url, events_kept=1)
+    small.open()
+    try:
+        version = made["s1"].version
+        for i in range(1000):  # a prune runs once a thousand seqs
+            saved = record("s1", version=version, state=None)
+            small.save(saved, events=[Event("s1", "status", {"i": i}, at=0.0)])
+            version = saved.version
+        last, _ = small.changed_since(-1)
+        assert small.changed_since(newest) == (last, None)  # pruned: read the inbox whole
+        assert small.changed_since(last - 1) == (last, {"s1"})
+    finally:
+        small.close()
+
+
 def test_a_lapsed_instances_turns_are_claimed_by_exactly_one_other(pg_url: str, stores: list[Any]) -> None:
     import psycopg
 

@@ -20,11 +20,13 @@ the server tree's CPU a cycle. Run from the repository root on an otherwise idle
 
     python bench/inbox_bench.py --sessions 40000
     python bench/inbox_bench.py --root /tmp/before:before --root .:after --sessions 40000
+    python bench/inbox_bench.py --store postgres --sessions 40000   # two instances
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import shutil
 import statistics
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import Http, Served, kill_all, table  # noqa: E402
-from bench.sessions_bench import fill  # noqa: E402
+from bench.sessions_bench import fill, fill_store  # noqa: E402
 
 AGENT = "bench.agents:approve_once"
 
@@ -54,7 +56,8 @@ def tree_cpu(served: Served) -> float:
     return total
 
 
-def phase(served: Served, sessions: list[str], watchers: int, seconds: float) -> dict[str, object]:
+def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: float) -> dict[str, object]:
+    """Each client and watcher speaks to one instance (in turn, when there are several)."""
     stop = threading.Event()
     cycles: list[float] = []
     reads: list[float] = []
@@ -62,7 +65,7 @@ def phase(served: Served, sessions: list[str], watchers: int, seconds: float) ->
     errors: list[str] = []
     lock = threading.Lock()
 
-    def worker(sid: str) -> None:
+    def worker(sid: str, served: Served) -> None:
         http = Http(served.port)
         try:
             while not stop.is_set():
@@ -83,7 +86,7 @@ def phase(served: Served, sessions: list[str], watchers: int, seconds: float) ->
         finally:
             http.close()
 
-    def watcher() -> None:
+    def watcher(served: Served) -> None:
         # The answer is read whole but not parsed: a browser parses it on its own machine,
         # and parsing megabytes here would take the cores the server runs on.
         conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
@@ -103,9 +106,9 @@ def phase(served: Served, sessions: list[str], watchers: int, seconds: float) ->
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=worker, args=(sid,)) for sid in sessions]
-    threads += [threading.Thread(target=watcher) for _ in range(watchers)]
-    cpu0, t0 = tree_cpu(served), time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(sid, instances[n % len(instances)])) for n, sid in enumerate(sessions)]
+    threads += [threading.Thread(target=watcher, args=(instances[n % len(instances)],)) for n in range(watchers)]
+    cpu0, t0 = sum(tree_cpu(served) for served in instances), time.perf_counter()
     for thread in threads:
         thread.start()
     time.sleep(seconds)
@@ -113,10 +116,33 @@ def phase(served: Served, sessions: list[str], watchers: int, seconds: float) ->
     for thread in threads:
         thread.join(180)
     wall = time.perf_counter() - t0
-    cpu = tree_cpu(served) - cpu0
+    cpu = sum(tree_cpu(served) for served in instances) - cpu0
     if errors:
         raise RuntimeError(f"{len(errors)} client errors, first: {errors[0]}")
     return {"cycles": cycles, "reads": reads, "sizes": sizes, "wall": wall, "cpu": cpu}
+
+
+_CLUSTER: list[object] = []
+
+
+def filled_postgres(stack: contextlib.ExitStack, count: int) -> str:
+    """A new database of a throwaway cluster (one for the run), filled as ``fill`` fills a
+    file. The parked turns are owned by the instance that wrote them, with a lease that
+    does not lapse within the run, so the servers leave them parked where they are."""
+    from motus.serve.store.postgres import PostgresStore
+    from tests.support import pg
+
+    if not _CLUSTER:
+        _CLUSTER.append(stack.enter_context(pg.Cluster(pg.find_pg_bin())))
+    url = _CLUSTER[0].create_database()  # type: ignore[attr-defined]
+    writer = PostgresStore(url, lease_seconds=7 * 24 * 3600)
+    writer.open()
+    try:
+        writer.renew_lease()
+        fill_store(writer, count, owner=writer.instance_id)
+    finally:
+        writer.close()
+    return url
 
 
 def main() -> None:
@@ -126,30 +152,40 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--slices", type=int, default=2, help="turns of (quiet, watched) per checkout")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                        help="sqlite: one server; postgres: two instances on a throwaway cluster, each client and watcher on one")
     parser.add_argument("--root", action="append", default=[], help="PATH:LABEL of a checkout (repeatable); default this one")
     args = parser.parse_args()
     roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1]) for r in args.root] or [(ROOT, "this")]
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         tmp = Path(folder)
         filled = tmp / "filled.db"
-        fill(filled, args.sessions)
-        servers = {}
+        if args.store == "sqlite":
+            fill(filled, args.sessions)
+        servers: dict[str, list[Served]] = {}
         try:
             for root, label in roots:
-                copy = tmp / f"{label}.db"
-                shutil.copy(filled, copy)
-                servers[label] = Served(label, "--store", f"sqlite:///{copy}", "--max-sessions", "0", agent=AGENT, log="inbox", root=root, settle=2.0)
-            own = {label: [served.http.call("POST", "/sessions", {})["session_id"] for _ in range(args.clients)]
-                   for label, served in servers.items()}
+                if args.store == "sqlite":
+                    copy = tmp / f"{label}.db"
+                    shutil.copy(filled, copy)
+                    servers[label] = [Served(label, "--store", f"sqlite:///{copy}", "--max-sessions", "0", agent=AGENT, log="inbox",
+                                             root=root, settle=2.0)]
+                else:
+                    url = filled_postgres(stack, args.sessions)
+                    servers[label] = [Served(f"{label}-{i}", "--store", url, "--max-sessions", "0", agent=AGENT, log="inbox",
+                                             root=root, settle=2.0) for i in "AB"]
+            own = {label: [instances[0].http.call("POST", "/sessions", {})["session_id"] for _ in range(args.clients)]
+                   for label, instances in servers.items()}
             results: dict[tuple[str, int], list[dict[str, object]]] = {}
             for _ in range(args.slices):
                 for watchers in (0, args.watchers):
-                    for label, served in servers.items():  # the checkouts take turns
-                        results.setdefault((label, watchers), []).append(phase(served, own[label], watchers, args.seconds))
+                    for label, instances in servers.items():  # the checkouts take turns
+                        results.setdefault((label, watchers), []).append(phase(instances, own[label], watchers, args.seconds))
         finally:
-            for served in servers.values():
-                served.stop()
+            for instances in servers.values():
+                for served in instances:
+                    served.stop()
             kill_all()
     for (label, watchers), runs in results.items():
         cycles = [c for r in runs for c in r["cycles"]]

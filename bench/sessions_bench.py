@@ -44,13 +44,24 @@ AGENT = "bench.agents:approve_once"
 
 def fill(path: Path, count: int) -> list[tuple[str, str]]:
     """``count`` sessions in a new SQLite file, half idle and half parked; returns (id, kind)."""
-    from motus.durable.journal import canonical_payload
-    from motus.durable.records import INTERRUPT, JournalEntry
-    from motus.serve.store import Event, SessionRecord, TurnRecord
     from motus.serve.store.sqlite import SqliteStore
 
     store = SqliteStore(f"sqlite:///{path}?synchronous=normal", str(path), synchronous="normal")
     store.open()
+    try:
+        return fill_store(store, count)
+    finally:
+        store.close()
+
+
+def fill_store(store: object, count: int, owner: str | None = None) -> list[tuple[str, str]]:
+    """``count`` sessions written into an open store, half idle and half parked (their live
+    turns owned by ``owner``: on PostgreSQL, an instance that stays alive in the store's
+    eyes, or the servers would take the turns over); returns (id, kind)."""
+    from motus.durable.journal import canonical_payload
+    from motus.durable.records import INTERRUPT, JournalEntry
+    from motus.serve.store import Event, SessionRecord, TurnRecord
+
     made: list[tuple[str, str]] = []
     now = time.time()
     user = {"role": "user", "content": "delete the old logs, please"}
@@ -67,7 +78,7 @@ def fill(path: Path, count: int) -> list[tuple[str, str]]:
             entry = JournalEntry(seq=1, kind=INTERRUPT, key=canonical_payload(payload), label="tool_approval", ref=f"int-{i:012d}",
                                  payload=payload, created_at=at)
             turn = TurnRecord(turn_id=1, message=user, journal=[entry], started_at=at)
-            store.save(SessionRecord(sid, "interrupted", [], None, None, 1, at, turn=turn), entries=[entry],
+            store.save(SessionRecord(sid, "interrupted", [], None, None, 1, at, turn=turn, owner=owner), entries=[entry],
                        events=[Event(sid, "status", {"status": "interrupted"}, at)])
 
     threads = [threading.Thread(target=write, args=(k * count // 4, (k + 1) * count // 4)) for k in range(4)]
@@ -75,7 +86,6 @@ def fill(path: Path, count: int) -> list[tuple[str, str]]:
         thread.start()
     for thread in threads:
         thread.join()
-    store.close()
     for i in range(count):
         made.append((f"00000000-0000-4000-8000-{i:012d}", "idle" if i % 2 == 0 else "parked"))
     return made

@@ -107,6 +107,20 @@ class Rotating:
             http.close()
 
 
+def run_for(threads: list[threading.Thread], seconds: float, stop: threading.Event, instances: list[Served]) -> tuple[float, float]:
+    """Start ``threads``, let them run ``seconds``, set ``stop`` and wait for them (each
+    finishes what it started); returns the wall time and the servers' trees' CPU seconds."""
+    cpu0 = sum(tree_cpu(served.process.pid) for served in instances)
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(180)
+    return time.perf_counter() - started, sum(tree_cpu(served.process.pid) for served in instances) - cpu0
+
+
 def run_slice(instances: list[Served], sessions: list[str], seconds: float, tally: Tally, message: str = "go") -> None:
     """Every client runs cycles on its own session until ``seconds`` have passed; a cycle
     started before the end is finished and counted."""
@@ -125,16 +139,9 @@ def run_slice(instances: list[Served], sessions: list[str], seconds: float, tall
             http.close()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(sessions))]
-    cpu0 = sum(tree_cpu(served.process.pid) for served in instances)
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join(120)
-    tally.seconds += time.perf_counter() - started
-    tally.cpu += sum(tree_cpu(served.process.pid) for served in instances) - cpu0
+    wall, cpu = run_for(threads, seconds, stop, instances)
+    tally.seconds += wall
+    tally.cpu += cpu
     if errors:
         raise RuntimeError(f"{instances[0].name}: {len(errors)} clients failed; first: {errors[0]!r}")
     for result in results:

@@ -40,20 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.durable_bench import Http, Served, kill_all, table  # noqa: E402
+from bench.concurrency_bench import PHASES, cycle, run_for  # noqa: E402
 from bench.sessions_bench import fill, fill_store  # noqa: E402
 
 AGENT = "bench.agents:approve_once"
-
-
-def tree_cpu(served: Served) -> float:
-    total = 0.0
-    for proc in served.tree():
-        try:
-            times = proc.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-        except Exception:  # noqa: BLE001 - a worker that ended between listing and reading
-            continue
-    return total
 
 
 def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: float) -> dict[str, object]:
@@ -70,15 +60,7 @@ def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: 
         try:
             while not stop.is_set():
                 t0 = time.perf_counter()
-                http.call("POST", f"/sessions/{sid}/messages", {"content": "go"})
-                body = http.call("GET", f"/sessions/{sid}?wait=true&timeout=60")
-                if body["status"] != "interrupted":
-                    raise RuntimeError(f"{sid}: {body['status']}")
-                http.call("POST", f"/sessions/{sid}/resume",
-                          {"interrupt_id": body["interrupts"][0]["interrupt_id"], "value": {"approved": True}})
-                done = http.call("GET", f"/sessions/{sid}?wait=true&timeout=60")
-                if done["status"] != "idle":
-                    raise RuntimeError(f"{sid}: {done['status']}")
+                cycle(http, sid, {name: [] for name in PHASES})
                 with lock:
                     cycles.append(time.perf_counter() - t0)
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -108,15 +90,7 @@ def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: 
 
     threads = [threading.Thread(target=worker, args=(sid, instances[n % len(instances)])) for n, sid in enumerate(sessions)]
     threads += [threading.Thread(target=watcher, args=(instances[n % len(instances)],)) for n in range(watchers)]
-    cpu0, t0 = sum(tree_cpu(served) for served in instances), time.perf_counter()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join(180)
-    wall = time.perf_counter() - t0
-    cpu = sum(tree_cpu(served) for served in instances) - cpu0
+    wall, cpu = run_for(threads, seconds, stop, instances)
     if errors:
         raise RuntimeError(f"{len(errors)} client errors, first: {errors[0]}")
     return {"cycles": cycles, "reads": reads, "sizes": sizes, "wall": wall, "cpu": cpu}

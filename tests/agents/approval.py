@@ -7,9 +7,12 @@ test counts what really ran, whatever the server says.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 
+from motus.durable.journal import current
 from motus.models import ChatMessage
 from motus.serve.interrupt import interrupt
 from motus.tools import tool
@@ -102,3 +105,22 @@ async def two_questions(message: ChatMessage, state: list[ChatMessage]):
         interrupt({"type": "confirm", "prompt": "first?"}), interrupt({"type": "confirm", "prompt": "second?"})
     )
     return _reply(message, state, f"{first} {second}")
+
+
+async def asks_while_thinking(message: ChatMessage, state: list[ChatMessage]):
+    """A question and a model call in one ``asyncio.gather``: the question waits on a person
+    while the model call (journaled as a model reply, as a client of motus's would) finishes
+    once the test creates ``release-thinking`` in the sandbox."""
+
+    async def think() -> dict:
+        deadline = time.monotonic() + 20
+        while not (_sandbox() / "release-thinking").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return {"choices": [{"message": {"role": "assistant", "content": "Meanwhile I looked it up."}}]}
+
+    journal = current()
+    assert journal is not None
+    answer, _ = await asyncio.gather(
+        interrupt({"type": "confirm", "prompt": "Go on?"}), journal.call("model", "think", "Own.chat", think)
+    )
+    return _reply(message, state, f"got {answer}")

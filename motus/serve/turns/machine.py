@@ -50,7 +50,7 @@ from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.policy import ApprovalPolicy
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
-from motus.durable.records import INTERRUPT, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
+from motus.durable.records import INTERRUPT, MODEL, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
 from motus.serve.store import AuditRecord, DurableStore, Event, SessionRecord, StaleSession, Store
 from motus.serve.turns.queries import InboxCache
 from motus.serve.turns.replicas import Replicas, replicas_for
@@ -146,9 +146,10 @@ class Machine:
         self._loading = tuple(threading.Lock() for _ in range(64))
         #: What ``_trim`` keeps to: memory's sessions are nowhere else, so all are kept.
         self._cache_limit = session_cache if isinstance(store, DurableStore) else 0
-        #: What the inbox last showed of each session (its pending interrupt ids), so that a
-        #: publish wakes inbox long polls only when that changed (``_announce``).
-        self._inboxed: dict[str, dict[str, str]] = {}  # session -> "interrupt id#approvals" -> type
+        #: What the inbox last showed of each session (``_inbox_view``: its pending interrupt
+        #: ids and what else the inbox shows of them), so that a publish changes the inbox
+        #: and wakes its long polls only when that changed (``_announce``).
+        self._inboxed: dict[str, dict[str, str]] = {}  # session -> "interrupt id#approvals" (and the like) -> type
         self._inboxed_lock = threading.Lock()
         #: Turns that began to wait on a person with a process (``_park_over_budget``).
         self._live_waiting: dict[Turn, None] = {}
@@ -678,6 +679,8 @@ class Machine:
         elif isinstance(message, Record):
             self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
             turn.journal[message.entry.seq] = message.entry
+            if message.entry.kind == MODEL and message.entry.done and turn.pending():
+                after.publish.append(session.session_id)  # the inbox shows what the agent says beside its interrupts
             # (A record applied from the backlog after its process ended has no one to tell.)
             if message.ack and handle is not None:
                 after.sends.append((handle, Ack(message.entry.seq)))
@@ -724,6 +727,7 @@ class Machine:
                         session.error = error
                         self._stop_turn_locked(turn, after)
                         session.turn = None
+                        session.store_behind = True  # the row still waits: its next save changes the inbox
                         after.publish.append(session.session_id)
                         self.metrics.turn_ended("error", time.monotonic() - turn.started)
         finally:
@@ -954,6 +958,7 @@ class Machine:
     ) -> None:
         self._commit(lambda: self.store.save(record, entries, events, audit))
         session.version = record.version
+        session.store_behind = False
 
     def _park_over_budget(self, began: list[Turn]) -> None:
         """More turns wait on a person with a process than ``max_live_turns``: the ones
@@ -1048,10 +1053,23 @@ def _senders(session: Session, turn: Turn, new_state: list[dict[str, Any]]) -> d
 
 
 def _inbox_view(session: Session) -> dict[str, str]:
-    """What the inbox shows of a session (under its lock): its pending interrupts' ids
-    (with the approvals each has towards a quorum) and types."""
-    if session.deleted or session.turn is None:
-        return {}
+    """What the inbox shows of a session (under its lock), as keys that change when it
+    does: its pending interrupts' ids (with the approvals each has towards a quorum) and
+    types; beside them, how many of its turn's model calls have finished (the items'
+    ``agent_text``); and whether the store may show what this copy does not
+    (``Session.store_behind``). A key that comes or goes publishes an inbox change, and
+    the kept inbox reads the session again (``Queries.inbox``): a change of what it shows
+    that no key tracked would stay in the kept inbox until the session's interrupts change.
+    The title is published by ``retitle`` itself. Extra keys have the type "" (no inbox
+    long poll waits for that type)."""
+    view: dict[str, str] = {"store#behind": ""} if session.store_behind and not session.deleted else {}
+    turn = session.turn
+    if session.deleted or turn is None:
+        return view
     # An approval towards a quorum changes what the inbox shows of an interrupt: its key
     # changes with the count, so the inbox is read again (and its long polls woken).
-    return {f"{item.interrupt_id}#{len(item.approvals)}": item.type for item in session.view().interrupts}
+    interrupts = session.view().interrupts
+    view.update((f"{item.interrupt_id}#{len(item.approvals)}", item.type) for item in interrupts)
+    if interrupts:
+        view[f"said#{sum(1 for e in turn.journal.values() if e.kind == MODEL and e.done)}"] = ""
+    return view

@@ -282,6 +282,9 @@ class Session:
     version: int = 0
     owner: str | None = None
     stale: bool = False
+    #: The store may show what this copy no longer does: its turn was given up on when the
+    #: store failed (ended here, still waiting in the row). Cleared by its next save.
+    store_behind: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

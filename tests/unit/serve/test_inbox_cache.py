@@ -14,14 +14,18 @@ Real SQLite files and the memory store; the pool is the recording stand-in of ``
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from motus.durable.records import Interrupt, Result
+from motus.durable.journal import pack
+from motus.durable.records import MODEL, Interrupt, JournalEntry, Record, Result
 from motus.serve.events import ALL, INBOX_CHANGES_KEPT, Events
 from motus.serve.store import MemoryStore, Store, store_from_url
+from motus.serve.store.sqlite import SqliteStore
 from motus.serve.turns import Turns
 from tests.unit.serve.test_turns import MESSAGE, REPLY, MakeTurns, RecordingPool, make_turns  # noqa: F401
 
@@ -39,6 +43,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 def ids(entries: list) -> list[tuple[str, str, str | None]]:
     return [(e.session_id, e.item.interrupt_id, e.context.title) for e in entries]
+
+
+def said(entries: list) -> list[tuple[str, str, str | None, str | None]]:
+    return [(*row, e.context.agent_text) for row, e in zip(ids(entries), entries)]
 
 
 def ask(turns: Turns, pool: RecordingPool, session_id: str, *payloads: dict) -> list[str]:
@@ -87,7 +95,8 @@ def test_a_type_asked_alone_is_patched_alone(store: Store, make_turns: MakeTurns
 
 def test_whatever_happens_the_kept_inbox_is_what_a_whole_read_gives(store: Store, make_turns: MakeTurns) -> None:
     """Turns asked, answered one interrupt at a time, ended, retitled and deleted at random,
-    the inbox (whole, and of each type) read between; each read equals a whole read."""
+    model calls finishing beside their interrupts, the inbox (whole, and of each type) read
+    between; each read equals a whole read."""
     turns, pool = make_turns(store=store, max_workers=64)
     rng = random.Random(27)
     sessions = [turns.create().session_id for _ in range(12)]
@@ -105,6 +114,10 @@ def test_whatever_happens_the_kept_inbox_is_what_a_whole_read_gives(store: Store
             sessions.remove(sid)
             waiting.pop(sid, None)
             sessions.append(turns.create().session_id)
+        elif move < 0.25 and pending:  # a model call beside the interrupts finishes: the items' agent_text
+            reply = {"choices": [{"message": {"content": f"said at step {step}"}}]}
+            turns.worker_message(pool.handle(sid), Record(JournalEntry(seq=100 + step, kind=MODEL, key=f"m{step}", label="Own.chat",
+                                                                       done=True, value=pack(("ok", reply)))))
         elif not pending and turns.get(sid).status.value == "idle":
             waiting[sid] = ask(turns, pool, sid, *rng.sample([APPROVAL, QUESTION, APPROVAL], rng.randint(1, 3)))
         elif pending:
@@ -113,7 +126,7 @@ def test_whatever_happens_the_kept_inbox_is_what_a_whole_read_gives(store: Store
                 turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
                 del waiting[sid]
         kind = rng.choice([None, None, "tool_approval", "user_input"])
-        assert ids(turns.inbox(kind)) == ids(turns._read_inbox(kind)), f"step {step}"  # noqa: SLF001
+        assert said(turns.inbox(kind)) == said(turns._read_inbox(kind)), f"step {step}"  # noqa: SLF001
     assert sum(len(p) for p in waiting.values()) == len(turns.inbox())
 
 
@@ -134,3 +147,61 @@ def test_the_changes_since_a_generation_are_the_sessions_published_since() -> No
     assert events.inbox_changes(3) is None  # older than the changes kept: read it whole
     assert events.inbox_changes(4) == {f"s{n}" for n in range(1, INBOX_CHANGES_KEPT)} | {"one more"}
     assert events.inbox_changes(events.inbox_generation + 1) is None  # a generation not reached yet
+
+
+def test_what_the_agent_says_while_an_interrupt_waits_is_not_kept_stale(store: Store, make_turns: MakeTurns) -> None:
+    """A model reply finished beside a waiting interrupt is in a whole read (agent_text); the
+    kept inbox kept the old entry (a Record published no inbox change for its session)."""
+    turns, pool = make_turns(store=store, max_workers=4)
+    a, b = turns.create().session_id, turns.create().session_id
+    ask(turns, pool, a, QUESTION)
+    assert [e.context.agent_text for e in turns.inbox()] == [None]
+    said = JournalEntry(seq=2, kind=MODEL, key="m", label="Own.chat", done=True,
+                        value=pack(("ok", {"choices": [{"message": {"content": "Meanwhile I looked it up."}}]})))
+    turns.worker_message(pool.handle(a), Record(said))  # a's model call, beside its interrupt, finishes
+    ask(turns, pool, b, APPROVAL)  # any change of the inbox
+    fresh = {e.item.interrupt_id: e.context.agent_text for e in turns._read_inbox(None)}  # noqa: SLF001
+    assert fresh[f"{a[:8]}-1-1"] == "Meanwhile I looked it up."
+    assert {e.item.interrupt_id: e.context.agent_text for e in turns.inbox()} == fresh
+
+
+class FlakySqlite(SqliteStore):
+    """A SQLite store whose journal writes fail while ``failing`` is set (a full disk)."""
+
+    failing = False
+
+    def save_entries(self, session_id: str, turn_id: int, entries: Any) -> None:
+        if self.failing:
+            raise OSError("disk full")
+        super().save_entries(session_id, turn_id, entries)
+
+
+@pytest.fixture
+def flaky(tmp_path: Path) -> Iterator[FlakySqlite]:
+    path = f"{tmp_path}/sessions.sqlite3"
+    made = FlakySqlite(f"sqlite:///{path}", path)
+    made.open()
+    yield made
+    made.close()
+
+
+def test_an_item_the_store_no_longer_shows_after_a_turn_given_up_on_is_not_kept(flaky: FlakySqlite, make_turns: MakeTurns) -> None:
+    """After a backlog given up on, memory shows nothing but the store the question; the
+    session's next write drops it from the store (it published no inbox change: memory
+    showed nothing before and after)."""
+    turns, pool = make_turns(store=flaky, max_workers=4)
+    a, b = turns.create().session_id, turns.create().session_id
+    [asked] = ask(turns, pool, a, QUESTION)
+    flaky.failing = True
+    turns.worker_message(pool.handle(a), Record(JournalEntry(seq=2, kind=MODEL, key="m", label="Own.chat")))  # waits in the backlog
+    turn = turns._session(a).turn  # noqa: SLF001
+    assert turn is not None and turn.backlog
+    turn.backlog_since = time.monotonic() - 3600  # the store has been away past STORE_GIVE_UP_SECONDS
+    turns._retry_backlog(turn)  # noqa: SLF001
+    assert turns.get(a).status.value == "error"
+    assert [e.item.interrupt_id for e in turns.inbox()] == [asked] == [e.item.interrupt_id for e in turns._read_inbox(None)]  # noqa: SLF001
+    flaky.failing = False
+    turns.start_turn(a, MESSAGE)  # the row is the session's again: running, no question
+    ask(turns, pool, b, APPROVAL)  # any change of the inbox
+    assert asked not in [e.item.interrupt_id for e in turns._read_inbox(None)]  # noqa: SLF001
+    assert ids(turns.inbox()) == ids(turns._read_inbox(None))  # noqa: SLF001

@@ -1131,3 +1131,27 @@ def test_the_history_says_who_sent_each_message_when_asked(start_server: Callabl
     assert [(content, by) for content, by, _ in users] == [("delete_file a", "alice"), ("delete_file b", "bob")]
     assert users[0][2] == started["started_at"] and users[0][2] < users[1][2]
     assert [{k: v for k, v in m.items() if k not in ("sent_by", "sent_at")} for m in told] == plain
+
+
+@ONE_SERVER
+def test_the_inbox_shows_what_the_agent_said_after_its_question(start_server: Callable[..., Server], sandbox: Path) -> None:
+    """A model reply finished while the question waits is the item's agent_text at once, and
+    still once the inbox changes for another session (the kept inbox kept the old text)."""
+    server = start_server("tests.agents.approval:asks_while_thinking", env=env(sandbox))
+    first = start(server, "think")
+    [asked] = pending(server, first)
+    [item] = server.get("/interrupts").json()
+    assert item["interrupt_id"] == asked["interrupt_id"] and item["context"]["agent_text"] is None
+    (sandbox / "release-thinking").touch()
+
+    def said() -> bool:
+        steps = server.get(f"/sessions/{first}").json()["turn"]["steps"]
+        return any(step.get("text") == "Meanwhile I looked it up." for step in steps)
+
+    wait_until(said, what="the model reply committed")
+    [item] = server.get("/interrupts").json()  # the reply changed what the inbox shows: read at once
+    assert item["context"]["agent_text"] == "Meanwhile I looked it up."
+    second = start(server, "think")  # another session's question: the inbox changes
+    assert len(pending(server, second)) == 1
+    shown = {i["session_id"]: i["context"]["agent_text"] for i in server.get("/interrupts").json()}
+    assert shown[first] == "Meanwhile I looked it up."

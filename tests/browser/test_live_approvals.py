@@ -261,6 +261,42 @@ def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
     chat.shot("audit")
 
 
+def test_the_inbox_view_reads_the_inbox_again_only_for_changes_that_concern_it(open_chat, start_server, tmp_path):
+    """With thousands pending each read is the whole inbox, and the view read it again at
+    every status it heard of (6-9 reads here): other sessions' turns that ask nothing
+    (running, then idle) are no reason to; an interrupt that comes, and the deletion of a
+    session it shows, still are."""
+    server = start_server(CALLS_AGENT, env={"MOTUS_EXAMPLE_DIR": str(tmp_path / "sandbox"), "MOTUS_TEST_APPROVAL_TIMEOUT": "600"})
+    waiting, busy, later = (server.create_session() for _ in range(3))
+    server.post(f"/sessions/{waiting}/messages", json={"content": "delete_file a"}).raise_for_status()
+    wait_until(lambda: len(server.get("/interrupts?status=pending").json()) == 1, what="one pending approval")
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(1)
+
+    def reads() -> int:
+        return sum(1 for r in chat.requests if r.method == "GET" and "/interrupts" in r.url)
+
+    def streaming() -> bool:  # the view's event stream answered (its opening wakes one more read)
+        return any(r.url.endswith("/events") and r.response() is not None for r in chat.requests)
+
+    wait_until(streaming, what="the view's event stream")
+    before = reads()
+    for _ in range(5):  # turns that ask nothing, on another session
+        server.post(f"/sessions/{busy}/messages", json={"content": ";"}).raise_for_status()
+        server.wait_for_status(busy, "idle")
+    # A change that concerns the inbox, after them in the stream: once it shows, the view
+    # has seen every event before it.
+    server.post(f"/sessions/{later}/messages", json={"content": "delete_file b"}).raise_for_status()
+    expect(inbox.locator("article.card")).to_have_count(2)
+    assert reads() - before <= 3, f"{reads() - before} reads of the inbox for 5 turns that asked nothing and one interrupt"
+
+    assert server.delete(f"/sessions/{later}").status_code == 204
+    expect(inbox.locator("article.card")).to_have_count(1)
+    expect(inbox.locator(f'.inbox-item[data-session-id="{later}"]')).to_have_count(0)
+
+
 def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_sent_it(open_chat, keyed_example_server):
     server = keyed_example_server
     alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})

@@ -1,8 +1,9 @@
 // The Inbox view (#/inbox): every pending interrupt of every session, live, answered in place.
 //
 // Live: the all-sessions event stream (GET /events) wakes a read of GET /interrupts at every
-// change; without streams it long-polls GET /interrupts?wait=true while nothing waits, and
-// re-reads every few seconds while something does (a long poll would return at once).
+// change that may concern the inbox (``concernsInbox``); without streams it long-polls
+// GET /interrupts?wait=true while nothing waits, and re-reads every few seconds while
+// something does (a long poll would return at once).
 
 import { $, el, sleep, announce } from "./dom.js";
 import { api, readJson, detailOf, retryAfterMs } from "./api.js";
@@ -143,7 +144,7 @@ async function streamLoop(generation) {
           wake();
         },
         onEvent: (event) => {
-          if (current() && ["ready", "reset", "interrupt", "resolved", "approval", "status", "title"].includes(event.kind)) wake();
+          if (current() && concernsInbox(event)) wake();
         },
       });
     } catch {
@@ -160,6 +161,24 @@ async function streamLoop(generation) {
     }
     failures += 1;
     await sleep(result && result.status === 503 ? retryAfterMs(result.headers, 15000) : Math.min(30000, 500 * 2 ** Math.min(failures, 6)));
+  }
+}
+
+/** Whether an event of the all-sessions stream may change what the inbox shows, so that
+ *  the view reads it again: an interrupt that came, went or gained an approval, a session
+ *  that starts waiting, and any change of a session the view shows (its turn ended or
+ *  failed, its title, its deletion: a status "deleted"). Another session's turns (running,
+ *  idle) do not: with thousands pending, each read is the whole inbox. */
+function concernsInbox(event) {
+  switch (event.kind) {
+    case "ready": case "reset": case "interrupt": case "resolved": case "approval":
+      return true;
+    case "status":
+      return event.data.status === "interrupted" || inbox.groups.has(event.data.session_id);
+    case "title": case "message": case "error":
+      return inbox.groups.has(event.data.session_id);
+    default:
+      return false;
   }
 }
 

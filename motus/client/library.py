@@ -424,12 +424,17 @@ class Client:
 
     # ------------------------------------------------------------------ approvals workflow
 
-    def inbox(self, type: str | None = None, wait: bool = False, timeout: float | None = None) -> list[InboxItem]:
-        """``GET /interrupts``: pending interrupts of every session, oldest first; with
-        ``wait`` a long poll that returns as soon as there is one (or after ``timeout``)."""
+    def inbox(
+        self, type: str | None = None, wait: bool = False, timeout: float | None = None, limit: int | None = None
+    ) -> list[InboxItem]:
+        """``GET /interrupts``: pending interrupts of every session, oldest first (the oldest
+        ``limit`` only, when given); with ``wait`` a long poll that returns as soon as there
+        is one (or after ``timeout``)."""
         params: dict[str, Any] = {"status": "pending"}
         if type is not None:
             params["type"] = type
+        if limit is not None:
+            params["limit"] = limit
         if wait:
             poll = DEFAULT_POLL_SECONDS if timeout is None else max(0.0, timeout)
             data = self._long_poll("/interrupts", params, poll)

@@ -366,6 +366,16 @@ def _seconds(name: str, default: float, cap: float) -> float:
     return min(value, cap)
 
 
+def _count(name: str) -> int | None:
+    """A positive whole number given as query parameter ``name``, or None when not given."""
+    raw = _query(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise BadRequest(f"Query parameter {name!r} must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
 # -- routes ---------------------------------------------------------------------------------
 
 
@@ -562,11 +572,14 @@ def resume(session_id: str) -> Response:
 
 @api.get("/interrupts")
 def inbox() -> Response:
-    """Pending interrupts across every session, oldest first (the approvals inbox)."""
+    """Pending interrupts across every session, oldest first (the approvals inbox); with
+    ``?limit=N`` the oldest N (an approver cannot act on thousands at once, and each read
+    of all of them is megabytes). ``X-Total-Count`` says how many wait in all."""
     status = _query("status") or "pending"
     if status != "pending":
         raise BadRequest(f"Query parameter 'status' must be 'pending' (the inbox lists what waits on a person), got {status!r}")
     kind = _query("type") or None
+    limit = _count("limit")
     cap = _server().max_wait
     timeout = _seconds("timeout", min(DEFAULT_WAIT_SECONDS, cap), cap)
     turns = _server().turns
@@ -578,8 +591,10 @@ def inbox() -> Response:
     # Written as text from each item's kept text, not through InboxItem (the schema):
     # thousands of items are one answer on a request thread holding the GIL, and an open
     # Inbox view asks for it at every change (motus.serve.inbox_json).
-    text = inbox_text(found, turns.shown_payload, turns.quorum_state, _compact_json)
-    return current_app.response_class(text, mimetype=current_app.json.mimetype)  # type: ignore[attr-defined]
+    text = inbox_text(found, turns.shown_payload, turns.quorum_state, _compact_json, limit)
+    response = current_app.response_class(text, mimetype=current_app.json.mimetype)  # type: ignore[attr-defined]
+    response.headers["X-Total-Count"] = str(len(found))  # with ?limit, how many wait in all
+    return response
 
 
 def _compact_json(value: Any) -> str:

@@ -81,10 +81,12 @@ def inbox_text(
     shown_payload: Callable[[Any], Any],
     quorum_state: Callable[[Any, Any, str | None], tuple[int, Sequence[Mapping[str, Any]]]],
     dumps: Callable[[Any], str],
+    limit: int | None = None,
 ) -> bytes:
-    """The answer ``jsonify(inbox_items(entries, shown_payload, quorum_state))`` writes, byte
-    for byte (UTF-8, its closing newline included), where ``dumps`` writes JSON without
-    spaces as ``jsonify`` does: a list's text is its items' texts joined.
+    """The answer ``jsonify(inbox_items(entries, shown_payload, quorum_state)[:limit])``
+    writes, byte for byte (UTF-8, its closing newline included), where ``dumps`` writes JSON
+    without spaces as ``jsonify`` does: a list's text is its items' texts joined. With a
+    ``limit``, the first items only, each still numbered among all its session's.
 
     Each item's text is written once and kept on its entry (``rendered``), with the position
     it was written for: an entry lives in the kept inbox until its session changes
@@ -97,7 +99,7 @@ def inbox_text(
         counts[entry.session_id] = counts.get(entry.session_id, 0) + 1
     seen: dict[str, int] = {}
     parts = []
-    for entry in entries:
+    for entry in entries if limit is None else entries[:limit]:
         session_id = entry.session_id
         position = seen[session_id] = seen.get(session_id, 0) + 1
         of = counts[session_id]

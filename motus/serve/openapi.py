@@ -118,6 +118,7 @@ _SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {
 _TOOL_NAME = {"name": "tool_name", "in": "path", "required": True, "schema": {"type": "string"}}
 _STREAM = {"type": "event-stream"}
 _LOCATION = {"Location": {"description": "Where to poll the session", "schema": {"type": "string"}}}
+_TOTAL = {"X-Total-Count": {"description": "How many interrupts wait in all (more than listed with ?limit)", "schema": {"type": "integer"}}}
 
 
 def openapi_document(auth: bool = False) -> dict[str, Any]:
@@ -136,6 +137,7 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
     inbox_params = [
         {"name": "status", "in": "query", "required": False, "schema": {"type": "string", "enum": ["pending"]}},
         {"name": "type", "in": "query", "required": False, "schema": {"type": "string"}, "description": "Only interrupts of this type"},
+        {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}, "description": "Only the oldest this many (X-Total-Count says how many wait in all)"},
         *wait_params[1:],
     ]
     stream_params = [
@@ -170,7 +172,7 @@ def openapi_document(auth: bool = False) -> dict[str, Any]:
             "get": _operation("The key this request came with: name, roles, read-only", (200, "The key", _ref("WhoAmI")), [], auth=auth),
         },
         "/interrupts": {
-            "get": _operation("The inbox: pending interrupts of every session, oldest first", (200, "Pending interrupts", {"type": "array", "items": _ref("InboxItem")}), [400, 503], params=inbox_params, auth=auth),
+            "get": _operation("The inbox: pending interrupts of every session, oldest first", (200, "Pending interrupts", {"type": "array", "items": _ref("InboxItem")}), [400, 503], params=inbox_params, headers=_TOTAL, auth=auth),
         },
         "/events": {
             "get": _operation("Server-sent events of every session", (200, "An event stream", _STREAM), [400, 503], params=stream_params, auth=auth),

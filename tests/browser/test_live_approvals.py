@@ -297,6 +297,25 @@ def test_the_inbox_view_reads_the_inbox_again_only_for_changes_that_concern_it(o
     expect(inbox.locator(f'.inbox-item[data-session-id="{later}"]')).to_have_count(0)
 
 
+def test_the_inbox_view_shows_the_oldest_200_and_says_how_many_wait(open_chat, start_server):
+    """With thousands pending, the view reads and shows the oldest 200 (``?limit``), and says
+    how many wait in all (``X-Total-Count``)."""
+    server = start_server("tests.agents.gather_attack:many_large", "--workers", "4")
+    sessions = [server.create_session() for _ in range(4)]
+    for sid in sessions:
+        server.post(f"/sessions/{sid}/messages", json={"content": "60 10"}).raise_for_status()
+    wait_until(lambda: server.get("/interrupts?limit=1").headers["X-Total-Count"] == "240", what="240 pending approvals")
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(200)
+    expect(chat.page.locator("#inbox-state")).to_have_text("240 waiting for an answer; the oldest 200 are shown.")
+    oldest = [i["interrupt_id"] for i in server.get("/interrupts?limit=200").json()]
+    shown = inbox.locator("article.card").evaluate_all("cards => cards.map(card => card.dataset.interruptId)")
+    assert shown == oldest
+    assert all("limit=200" in r.url for r in chat.requests if r.method == "GET" and "/interrupts" in r.url)
+
+
 def test_another_persons_message_is_labelled_with_their_name_and_the_time_they_sent_it(open_chat, keyed_example_server):
     server = keyed_example_server
     alice = server.with_headers({"Authorization": "Bearer s3cret-alice"})

@@ -129,6 +129,12 @@ def test_items_are_numbered_within_their_session() -> None:
     assert [(i["session_id"], i["position"], i["of"]) for i in items] == [("s1", 1, 3), ("s2", 1, 1), ("s1", 2, 3), ("s1", 3, 3)]
     same(entries)
     same(entries[1:])  # the same entries in another list: their kept texts, numbered anew
+    app = Flask(__name__)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    with app.app_context():
+        for limit in (1, 2, 4, 9):  # the oldest only, each numbered among all its session's
+            text = inbox_text(entries, lambda p: p, no_quorum, lambda v: app.json.dumps(v, separators=(",", ":")), limit)
+            assert text.decode() == jsonified(by_model(entries, lambda p: p, no_quorum)[:limit])
 
 
 def test_an_inbox_with_no_items_is_an_empty_list() -> None:

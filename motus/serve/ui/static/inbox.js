@@ -14,10 +14,13 @@ import { timeElement } from "./time.js";
 import { visibleText } from "./text.js";
 
 const LONG_POLL_SECONDS = 25;
+// The oldest this many are shown (and read): nobody answers thousands at once, and with
+// thousands pending each read of them all is megabytes.
+const SHOWN_AT_MOST = 200;
 const BUSY_REFRESH_MS = 3000;
 const STREAM_REFRESH_MS = 60000;
 
-const inbox = { open: false, generation: 0, controllers: new Set(), wake: null, dirty: false, streaming: false, items: new Map(), groups: new Map() };
+const inbox = { open: false, generation: 0, controllers: new Set(), wake: null, dirty: false, streaming: false, items: new Map(), groups: new Map(), total: null };
 
 export function openInbox() {
   if (inbox.open) return;
@@ -47,6 +50,7 @@ export function closeInbox() {
   inbox.streaming = false;
   inbox.items.clear();
   inbox.groups.clear();
+  inbox.total = null;
   $("inbox-list").replaceChildren();
   $("inbox-view").hidden = true;
   delete $("main").dataset.view;
@@ -94,7 +98,7 @@ async function readLoop(generation) {
     let list = null;
     try {
       const query = longPoll ? `&wait=true&timeout=${LONG_POLL_SECONDS}` : "";
-      const response = await api("GET", `interrupts?status=pending${query}`, { signal: controller.signal });
+      const response = await api("GET", `interrupts?status=pending&limit=${SHOWN_AT_MOST}${query}`, { signal: controller.signal });
       if (response.status === 503 && longPoll) {
         // Every long-poll slot is taken: wait as told, then ask again (not lost contact).
         await readJson(response); // read to its end: the request is over
@@ -109,6 +113,8 @@ async function readLoop(generation) {
       }
       if (!response.ok) throw new Error(`${response.status}: ${await detailOf(response)}`);
       list = await readJson(response);
+      const total = Number.parseInt(response.headers.get("X-Total-Count") || "", 10);
+      inbox.total = Number.isFinite(total) ? total : null; // a server without it lists them all
     } catch (error) {
       if (!current()) return;
       if (controller.signal.aborted) continue;
@@ -279,7 +285,12 @@ function settle() {
     } else numberCards(cards);
   }
   const count = inbox.items.size;
-  $("inbox-state").textContent = count ? `${count} waiting for an answer.` : "Nothing waits for an answer.";
+  const total = inbox.total !== null && inbox.total > count ? inbox.total : count;
+  $("inbox-state").textContent = !count
+    ? "Nothing waits for an answer."
+    : total > count
+      ? `${total} waiting for an answer; the oldest ${count} are shown.`
+      : `${count} waiting for an answer.`;
 }
 
 function answered(card, hadFocus) {
@@ -287,6 +298,7 @@ function answered(card, hadFocus) {
   const id = card.dataset.interruptId;
   if (li) li.remove();
   inbox.items.delete(id);
+  if (inbox.total !== null) inbox.total -= 1;
   settle();
   if (hadFocus) {
     const next = $("inbox-list").querySelector(".card-title");

@@ -1036,7 +1036,7 @@ def test_each_inbox_item_says_what_its_turn_asked_and_who_asked(
 
 
 @ONE_SERVER
-def test_inbox_items_are_numbered_within_their_session(start_server: Callable[..., Server], sandbox: Path) -> None:
+def test_inbox_items_are_numbered_within_their_session_and_the_oldest_can_be_asked_for(start_server: Callable[..., Server], sandbox: Path) -> None:
     server = start_server(TWO, env=env(sandbox))
     first = start(server, "two at once")
     assert len(pending(server, first)) == 2
@@ -1047,6 +1047,19 @@ def test_inbox_items_are_numbered_within_their_session(start_server: Callable[..
     assert [i["context"]["session_title"] for i in items] == ["two at once"] * 2 + ["two more"] * 2
     assert all(i["context"]["sent_by"] == "anonymous" and i["context"]["agent_text"] is None for i in items)
     assert server.get("/interrupts", params={"type": "tool_approval"}).json() == []
+    # ?limit: the oldest N, each numbered among all its session's; the header says how many wait.
+    for limit in (1, 3, 4, 99):
+        listed = server.get("/interrupts", params={"limit": limit})
+        assert listed.status_code == 200 and listed.json() == items[:limit]
+        assert listed.headers["X-Total-Count"] == "4"
+    assert {i["type"] for i in items} == {"confirm"}
+    assert server.get("/interrupts", params={"type": "confirm", "limit": 1}).headers["X-Total-Count"] == "4"
+    assert server.get("/interrupts", params={"type": "tool_approval", "limit": 1}).headers["X-Total-Count"] == "0"
+    for bad in ("0", "-1", "2.5", "two", "", "٣"):
+        refused = server.get("/interrupts", params={"limit": bad})
+        assert refused.status_code == 400 and "'limit' must be a whole number >= 1" in refused.json()["detail"], bad
+    twice = server.get("/interrupts?limit=1&limit=2")
+    assert twice.status_code == 400 and "'limit' given 2 times" in twice.json()["detail"]
 
 
 def test_a_session_is_titled_by_its_first_message_or_by_its_client(shared: Callable[..., Server], shared_sandbox: Path) -> None:

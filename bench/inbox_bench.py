@@ -13,7 +13,7 @@ server on a copy of it (default options), then, in turns of ``--seconds`` each:
   ``interrupted``, approve, long poll until ``idle``: each cycle changes the inbox twice), with
   no one watching the inbox;
 - the same, while ``--watchers`` clients each read ``GET /interrupts`` back to back (read
-  whole, not parsed).
+  whole, not parsed; ``?limit=N`` with ``--limit N``, as the web chat's view asks for 200).
 
 It reports cycles a second and their p50, the watchers' reads a second and their p50, and
 the server tree's CPU a cycle. Run from the repository root on an otherwise idle machine::
@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import json
+import socket
 import shutil
 import statistics
 import sys
@@ -46,8 +48,54 @@ from bench.sessions_bench import fill, fill_store  # noqa: E402
 AGENT = "bench.agents:approve_once"
 
 
-def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: float) -> dict[str, object]:
-    """Each client and watcher speaks to one instance (in turn, when there are several)."""
+class Follower(threading.Thread):
+    """A watcher's ``GET /events`` stream: sets ``dirty`` at each event that would make the
+    web chat's Inbox view read the inbox again. ``follow``: ``every`` status and inbox
+    event (the view before it filtered), or ``inbox`` (what ``concernsInbox`` in
+    ``inbox.js`` lets through for sessions it does not show: an interrupt, an answer, an
+    approval, a session that starts waiting)."""
+
+    def __init__(self, port: int, follow: str, dirty: threading.Event) -> None:
+        super().__init__(name="bench-follower", daemon=True)
+        self.follow, self.dirty = follow, dirty
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.conn.request("GET", "/events")
+        self.response = self.conn.getresponse()
+        self.start()
+
+    def run(self) -> None:
+        kind = ""
+        try:
+            for line in self.response:
+                if line.startswith(b"event: "):
+                    kind = line[7:].strip().decode()
+                elif line.startswith(b"data: ") and self.concerns(kind, json.loads(line[6:])):
+                    self.dirty.set()
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # closed at the end of the phase
+
+    def concerns(self, kind: str, data: dict) -> bool:
+        if kind in ("ready", "reset", "interrupt", "resolved", "approval"):
+            return True
+        if kind in ("status", "title"):
+            return self.follow == "every" or data.get("status") == "interrupted"
+        return False
+
+    def close(self) -> None:
+        try:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        except OSError:
+            pass  # already closed by the server
+        self.conn.close()
+        self.join(10)
+
+
+def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: float, limit: int | None = None,
+          follow: str | None = None) -> dict[str, object]:
+    """Each client and watcher speaks to one instance (in turn, when there are several);
+    watchers ask for the oldest ``limit`` only when given (as the web chat's view does), and
+    read back to back, or when their event stream says so (``follow``: ``Follower``)."""
+    path = "/interrupts" if limit is None else f"/interrupts?limit={limit}"
     stop = threading.Event()
     cycles: list[float] = []
     reads: list[float] = []
@@ -72,10 +120,16 @@ def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: 
         # The answer is read whole but not parsed: a browser parses it on its own machine,
         # and parsing megabytes here would take the cores the server runs on.
         conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+        dirty = threading.Event()
+        stream = Follower(served.port, follow, dirty) if follow else None
         try:
             while not stop.is_set():
+                if stream is not None:  # as the web chat's view: read when an event says so
+                    if not dirty.wait(0.1):
+                        continue
+                    dirty.clear()
                 t0 = time.perf_counter()
-                conn.request("GET", "/interrupts")
+                conn.request("GET", path)
                 response = conn.getresponse()
                 raw = response.read()
                 if response.status != 200:
@@ -87,6 +141,8 @@ def phase(instances: list[Served], sessions: list[str], watchers: int, seconds: 
             errors.append(repr(exc))
         finally:
             conn.close()
+            if stream is not None:
+                stream.close()
 
     threads = [threading.Thread(target=worker, args=(sid, instances[n % len(instances)])) for n, sid in enumerate(sessions)]
     threads += [threading.Thread(target=watcher, args=(instances[n % len(instances)],)) for n in range(watchers)]
@@ -126,6 +182,11 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--slices", type=int, default=2, help="turns of (quiet, watched) per checkout")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="watchers read /interrupts?limit=N (the web chat's view asks for 200; a checkout without ?limit lists all)")
+    parser.add_argument("--follow", choices=("every", "inbox"), default=None,
+                        help="watchers read when their GET /events says so (every: each status event, as the web chat's "
+                             "view did; inbox: only what may change the inbox, as it does now) instead of back to back")
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
                         help="sqlite: one server; postgres: two instances on a throwaway cluster, each client and watcher on one")
     parser.add_argument("--root", action="append", default=[], help="PATH:LABEL of a checkout (repeatable); default this one")
@@ -155,7 +216,7 @@ def main() -> None:
             for _ in range(args.slices):
                 for watchers in (0, args.watchers):
                     for label, instances in servers.items():  # the checkouts take turns
-                        results.setdefault((label, watchers), []).append(phase(instances, own[label], watchers, args.seconds))
+                        results.setdefault((label, watchers), []).append(phase(instances, own[label], watchers, args.seconds, args.limit, args.follow))
         finally:
             for instances in servers.values():
                 for served in instances:

@@ -585,15 +585,17 @@ def inbox() -> Response:
     turns = _server().turns
     if _flag("wait"):
         with _long_poll_slot():
-            found = turns.wait_inbox(kind, timeout)
-    else:
-        found = turns.inbox(kind)
+            turns.wait_inbox(kind, timeout)  # until there is one (the answer is the inbox as it is then)
+
     # Written as text from each item's kept text, not through InboxItem (the schema):
     # thousands of items are one answer on a request thread holding the GIL, and an open
-    # Inbox view asks for it at every change (motus.serve.inbox_json).
-    text = inbox_text(found, turns.shown_payload, turns.quorum_state, _compact_json, limit)
+    # Inbox view asks for it at every change (motus.serve.inbox_json); made once a change.
+    def render(found: list[Any], counts: Any) -> tuple[bytes, int]:
+        return inbox_text(found, turns.shown_payload, turns.quorum_state, _compact_json, limit, counts), len(found)
+
+    text, total = turns.inbox_answer(kind, limit, render)
     response = current_app.response_class(text, mimetype=current_app.json.mimetype)  # type: ignore[attr-defined]
-    response.headers["X-Total-Count"] = str(len(found))  # with ?limit, how many wait in all
+    response.headers["X-Total-Count"] = str(total)  # with ?limit, how many wait in all
     return response
 
 

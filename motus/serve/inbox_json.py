@@ -20,6 +20,7 @@ Pure: no Flask, no server; the caller passes the two policy lookups it needs.
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -82,11 +83,13 @@ def inbox_text(
     quorum_state: Callable[[Any, Any, str | None], tuple[int, Sequence[Mapping[str, Any]]]],
     dumps: Callable[[Any], str],
     limit: int | None = None,
+    counts: Mapping[str, int] | None = None,
 ) -> bytes:
     """The answer ``jsonify(inbox_items(entries, shown_payload, quorum_state)[:limit])``
     writes, byte for byte (UTF-8, its closing newline included), where ``dumps`` writes JSON
     without spaces as ``jsonify`` does: a list's text is its items' texts joined. With a
-    ``limit``, the first items only, each still numbered among all its session's.
+    ``limit``, the first items only, each still numbered among all its session's
+    (``counts``: how many items each session has in ``entries``, when already known).
 
     Each item's text is written once and kept on its entry (``rendered``), with the position
     it was written for: an entry lives in the kept inbox until its session changes
@@ -94,9 +97,8 @@ def inbox_text(
     with thousands pending the answer is mostly joined, not made. What the text depends on
     besides the entry and its position (the policy's shown payload and quorum, the keys'
     roles) is fixed for the life of the server."""
-    counts: dict[str, int] = {}
-    for entry in entries:
-        counts[entry.session_id] = counts.get(entry.session_id, 0) + 1
+    if counts is None:
+        counts = Counter(map(_session_id, entries))
     seen: dict[str, int] = {}
     parts = []
     for entry in entries if limit is None else entries[:limit]:
@@ -113,6 +115,9 @@ def inbox_text(
     parts[0] = b"[" + parts[0]  # joined once: megabytes are copied once, not three times
     parts[-1] += b"]\n"
     return b",".join(parts)
+
+
+_session_id = attrgetter("session_id")
 
 
 def _item(

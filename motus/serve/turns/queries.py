@@ -20,9 +20,10 @@ replaces a newer cache with an older one only makes the next reader patch again.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from motus.serve.errors import SessionNotFound
 from motus.serve.events import inbox_key
@@ -35,8 +36,12 @@ from motus.serve.turns.state import PendingInterrupt, Session, SessionStatus, Se
 if TYPE_CHECKING:
     from motus.serve.turns.machine import Machine
 
+T = TypeVar("T")
+
 #: Inboxes of one type kept (one per ``?type=`` asked) until the inbox's next change.
 INBOX_CACHE_KINDS = 16
+#: Answers kept with one inbox (one per type and limit asked) until its next change.
+INBOX_ANSWERS_KEPT = 8
 #: A kept inbox is patched when at most this many sessions changed since it was read, and
 #: read whole again past it (a read of that many sessions costs about as much).
 INBOX_PATCH_MOST = 512
@@ -59,6 +64,11 @@ class InboxCache:
     generation: int
     whole: list[Any] | None = None
     kinds: dict[str, list[Any]] = field(default_factory=dict)
+    #: Answers made from these lists (``Queries.inbox_answer``), by type and key.
+    answers: dict[tuple[str | None, Any], Any] = field(default_factory=dict)
+    #: How many items each session has in a list (by type; None: the whole one), once
+    #: counted: each item says its number among its session's (``position`` of ``of``).
+    counts: dict[str | None, dict[str, int]] = field(default_factory=dict)
 
 
 class Queries:
@@ -116,6 +126,30 @@ class Queries:
         what was published (``Events.inbox_generation``, ``Events.inbox_changes``); on a
         shared store, it is asked of the store at each read (``SharedStore.changed_since``),
         since another instance's change is committed there before it is published here."""
+        return list(self._kept_inbox(kind)[1])
+
+    def inbox_answer(
+        self: Machine, kind: str | None, key: Hashable, render: Callable[[list[InboxEntry], Mapping[str, int]], T]
+    ) -> T:
+        """``render(inbox(kind), counts)``, where ``counts`` says how many items each session
+        has in that list; kept with the kept inbox until its next change, under ``key``
+        (what else the answer depends on, such as a limit): the open Inbox views and the
+        approvers' polls woken by one change all read the same answer, made once. ``render``
+        must change neither (the kept ones)."""
+        cache, found = self._kept_inbox(kind)
+        memo = (kind, key)
+        answer = cache.answers.get(memo)
+        if answer is None:
+            counts = cache.counts.get(kind)
+            if counts is None:  # counted once a change (the whole one's are patched with it)
+                counts = cache.counts[kind] = Counter(entry.session_id for entry in found)
+            answer = render(found, counts)
+            if len(cache.answers) < INBOX_ANSWERS_KEPT:  # keys come from clients' queries
+                cache.answers[memo] = answer
+        return answer  # type: ignore[no-any-return]
+
+    def _kept_inbox(self: Machine, kind: str | None) -> tuple[InboxCache, list[InboxEntry]]:
+        """The kept inbox (brought up to date) and its list for ``kind``, not copied."""
         cache = self._inbox_cache
         store = self.store
         if isinstance(store, SharedStore):
@@ -138,9 +172,9 @@ class Queries:
                     found = self._read_inbox(kind)
                 kinds = {} if len(cache.kinds) >= INBOX_CACHE_KINDS else dict(cache.kinds)  # types come from clients' queries
                 kinds[kind] = found
-                cache = InboxCache(label, cache.whole, kinds)
+                cache = InboxCache(label, cache.whole, kinds, cache.answers, cache.counts)  # the lists it had are the same
         self._inbox_cache = cache
-        return list(found)
+        return cache, found
 
     def _caught_up(self: Machine, cache: InboxCache, label: int, changed: set[str] | None) -> InboxCache:
         """The kept inbox brought to ``label``: its lists with the entries of the sessions
@@ -152,7 +186,14 @@ class Queries:
             return InboxCache(label)
         fresh = self._read_inbox(None, changed) if changed else []
         if cache.whole is not None:
-            return InboxCache(label, _patched(cache.whole, changed, fresh))
+            counts = cache.counts.get(None)
+            if counts is not None:  # patched too: counting thousands at each change costs more than the patch
+                counts = dict(counts)
+                for session_id in changed:
+                    counts.pop(session_id, None)
+                for entry in fresh:
+                    counts[entry.session_id] = counts.get(entry.session_id, 0) + 1
+            return InboxCache(label, _patched(cache.whole, changed, fresh), counts={None: counts} if counts is not None else {})
         kinds = {kind: _patched(found, changed, [entry for entry in fresh if entry.item.type == kind])
                  for kind, found in cache.kinds.items()}
         return InboxCache(label, None, kinds)

@@ -14,6 +14,7 @@ Real SQLite files and the memory store; the pool is the recording stand-in of ``
 from __future__ import annotations
 
 import random
+from collections import Counter
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,7 +127,10 @@ def test_whatever_happens_the_kept_inbox_is_what_a_whole_read_gives(store: Store
                 turns.worker_message(pool.handle(sid), Result(response=REPLY, state=[MESSAGE, REPLY]))
                 del waiting[sid]
         kind = rng.choice([None, None, "tool_approval", "user_input"])
-        assert said(turns.inbox(kind)) == said(turns._read_inbox(kind)), f"step {step}"  # noqa: SLF001
+        whole = turns._read_inbox(kind)  # noqa: SLF001
+        assert said(turns.inbox(kind)) == said(whole), f"step {step}"
+        answer = turns.inbox_answer(kind, None, lambda found, counts: (said(found), {k: v for k, v in counts.items() if v}))
+        assert answer == (said(whole), dict(Counter(e.session_id for e in whole))), f"step {step}"
     assert sum(len(p) for p in waiting.values()) == len(turns.inbox())
 
 
@@ -205,3 +209,30 @@ def test_an_item_the_store_no_longer_shows_after_a_turn_given_up_on_is_not_kept(
     ask(turns, pool, b, APPROVAL)  # any change of the inbox
     assert asked not in [e.item.interrupt_id for e in turns._read_inbox(None)]  # noqa: SLF001
     assert ids(turns.inbox()) == ids(turns._read_inbox(None))  # noqa: SLF001
+
+
+def test_an_answer_is_made_once_a_change_for_every_reader(store: Store, make_turns: MakeTurns) -> None:
+    """``inbox_answer``: the open views and the polls one change wakes read one answer,
+    made from the kept inbox once; a change, another type or another key makes it anew."""
+    turns, pool = make_turns(store=store)
+    a, b = turns.create().session_id, turns.create().session_id
+    ask(turns, pool, a, APPROVAL)
+    made: list[tuple[str | None, int | None, list[str]]] = []
+
+    def render(kind: str | None, limit: int | None):  # noqa: ANN202
+        def made_now(found: list, counts: dict) -> list[str]:
+            assert counts == Counter(e.session_id for e in found)
+            made.append((kind, limit, [e.item.interrupt_id for e in found]))
+            return [e.item.interrupt_id for e in found][:limit]
+        return made_now
+
+    first = turns.inbox_answer(None, None, render(None, None))
+    assert turns.inbox_answer(None, None, render(None, None)) is first and len(made) == 1
+    assert turns.inbox_answer(None, 1, render(None, 1)) == first and len(made) == 2  # another key
+    assert turns.inbox_answer("user_input", None, render("user_input", None)) == [] and len(made) == 3
+    ask(turns, pool, b, QUESTION)  # a change: made anew, with it
+    again = turns.inbox_answer(None, None, render(None, None))
+    assert len(made) == 4 and again == [e.item.interrupt_id for e in turns._read_inbox(None)] and len(again) == 2  # noqa: SLF001
+    for limit in range(20):  # keys from clients' queries: a few answers are kept, the others made each time
+        turns.inbox_answer(None, limit + 2, render(None, limit + 2))
+    assert len(turns._inbox_cache.answers) <= 8  # noqa: SLF001

@@ -386,3 +386,47 @@ def test_a_two_person_approval_shows_its_quorum_and_offers_each_key_only_what_it
     for chat in (bob, dave):
         expect(chat.reply("released 7")).to_be_visible()
         expect(chat.cards()).to_have_count(0)
+
+
+def test_the_inbox_view_shows_what_the_agent_said_while_its_question_waits(open_chat, start_server, tmp_path):
+    """A model reply finished while the question waits changes the item's ``agent_text``
+    (``GET /interrupts`` shows it at once); the view shows it too, not a minute later at its
+    refresh: no event of the stream says so, and the view reads again only for events."""
+    sandbox = tmp_path / "sandbox"
+    server = start_server("tests.agents.approval:asks_while_thinking", env={"MOTUS_EXAMPLE_DIR": str(sandbox)})
+    sid = server.create_session()
+    server.post(f"/sessions/{sid}/messages", json={"content": "think"}).raise_for_status()
+    wait_until(lambda: len(server.get("/interrupts").json()) == 1, what="the question pending")
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(1)
+    expect(inbox.locator(".inbox-agent")).to_have_count(0)
+    wait_until(lambda: any(r.url.endswith("/events") and r.response() is not None for r in chat.requests), what="the view's event stream")
+    (sandbox / "release-thinking").touch()
+    wait_until(lambda: server.get("/interrupts").json()[0]["context"]["agent_text"] == "Meanwhile I looked it up.",
+               what="the reply in the inbox")
+    expect(inbox.locator(".inbox-agent")).to_contain_text("Meanwhile I looked it up.")
+
+
+def test_the_inbox_views_count_follows_a_session_beyond_the_oldest_200(open_chat, start_server):
+    """With 210 pending the view shows the oldest 200 and says 210 wait. The session of the
+    other 10 (none shown) is deleted: 200 wait now. Its "status: deleted" event is of a
+    session the view does not show (``concernsInbox`` lets it by), so the count said stays
+    "210" until the view's one-minute refresh."""
+    server = start_server("tests.agents.gather_attack:many_large", "--workers", "5")
+    sessions = [server.create_session() for _ in range(5)]
+    for n, sid in enumerate(sessions):  # one after the other: the last session's items are the newest
+        server.post(f"/sessions/{sid}/messages", json={"content": "10 10" if n == 4 else "50 10"}).raise_for_status()
+        wait_until(lambda n=n: server.get("/interrupts?limit=1").headers["X-Total-Count"] == str(50 * n + (10 if n == 4 else 50)),
+                   what="the session's approvals pending")
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(200)
+    expect(chat.page.locator("#inbox-state")).to_have_text("210 waiting for an answer; the oldest 200 are shown.")
+    expect(inbox.locator(f'.inbox-item[data-session-id="{sessions[4]}"]')).to_have_count(0)
+    wait_until(lambda: any(r.url.endswith("/events") and r.response() is not None for r in chat.requests), what="the view's event stream")
+    assert server.delete(f"/sessions/{sessions[4]}").status_code == 204
+    assert server.get("/interrupts?limit=1").headers["X-Total-Count"] == "200"
+    expect(chat.page.locator("#inbox-state")).to_have_text("200 waiting for an answer.")

@@ -196,7 +196,7 @@ class Event:
     ``seq`` is assigned by the store when it commits: strictly increasing, never reused."""
 
     session_id: str
-    kind: str  # status | interrupt | resolved | approval | message | error | grant | revoke | title | deleted
+    kind: str  # status | interrupt | resolved | approval | message | error | grant | revoke | title | said
     data: dict[str, Any]
     at: float  # wall clock
     seq: int = 0

@@ -50,6 +50,7 @@ from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
 from motus.serve.policy import ApprovalPolicy
 from motus.serve.pool import Handle, PoolClosed, WorkerPool
+from motus.serve.live import agent_text
 from motus.durable.records import INTERRUPT, MODEL, Ack, Failure, Interrupt, Job, JournalEntry, Record, Result, Resume, message_problem, resulting_state
 from motus.serve.store import AuditRecord, DurableStore, Event, SessionRecord, StaleSession, Store
 from motus.serve.turns.queries import InboxCache
@@ -677,10 +678,20 @@ class Machine:
         elif isinstance(message, Together):
             self._interrupted_locked(session, turn, message.interrupts, after)
         elif isinstance(message, Record):
-            self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [message.entry]))
-            turn.journal[message.entry.seq] = message.entry
-            if message.entry.kind == MODEL and message.entry.done and turn.pending():
-                after.publish.append(session.session_id)  # the inbox shows what the agent says beside its interrupts
+            entry = message.entry
+            if entry.kind == MODEL and entry.done and turn.pending():
+                # What the agent says beside its interrupts is their inbox items' agent_text:
+                # committed with a "said" event, so that every instance's kept inbox
+                # (``SharedStore.changed_since``) and an open Inbox view learn of it.
+                now = self._clock()
+                said = agent_text([*(e for e in turn.journal.values() if e.kind == MODEL and e.done), entry])
+                self._save(session, session.record(touched=now), [entry],
+                           [session.event("said", now, turn_id=turn.turn_id, agent_text=said)])
+                session.touched = now
+                after.publish.append(session.session_id)
+            else:
+                self._commit(lambda: self.store.save_entries(session.session_id, turn.turn_id, [entry]))
+            turn.journal[entry.seq] = entry
             # (A record applied from the backlog after its process ended has no one to tell.)
             if message.ack and handle is not None:
                 after.sends.append((handle, Ack(message.entry.seq)))
@@ -729,6 +740,7 @@ class Machine:
                         session.turn = None
                         session.store_behind = True  # the row still waits: its next save changes the inbox
                         after.publish.append(session.session_id)
+                        after.inbox_touched.append(session.session_id)
                         self.metrics.turn_ended("error", time.monotonic() - turn.started)
         finally:
             self._finish(after)  # what was decided before a failure (a slot freed) still happens
@@ -787,6 +799,7 @@ class Machine:
             turn.queued_values.clear()
         after.freed += turn.move(TurnState.WAITING)
         after.publish.append(session.session_id)
+        after.inbox_touched.append(session.session_id)  # even if answered before it is announced
         if self.park_after is not None:
             self.timers.schedule(time.monotonic() + max(self.park_after, PARK_SETTLE_SECONDS), "park", turn, monotonic=True)
             if self.max_live_turns:
@@ -908,7 +921,7 @@ class Machine:
             # rather than after every open event stream has had the GIL.
             self._dispatch()
         for session_id in after.publish:
-            self._announce(session_id)
+            self._announce(session_id, session_id in after.inbox_touched)
         for session_id, error in after.failed:
             log.info("turn of session %s failed: %s", session_id, last_line(error))
         for end in after.ended:
@@ -926,11 +939,16 @@ class Machine:
                 self._inboxed.pop(session_id, None)
         return before
 
-    def _announce(self, session_id: str) -> None:
+    def _announce(self, session_id: str, touched: bool = False) -> None:
         """Publish a committed change of a session (no lock held). Inbox long polls are woken
         only when the session's pending interrupts changed, and only those watching every
         type or the types that came or went: a turn's other steps (running, a record, its
-        end without one) do not make every approver's poll run again."""
+        end without one) do not make every approver's poll run again.
+
+        ``touched``: the change was one the inbox may have shown even if what it shows now
+        is what it showed at the last announce (an interrupt that came, then was answered
+        before this ran: a reader between the two kept it, found by attack). Such a change
+        always counts as an inbox change of the session, so the kept inbox reads it again."""
         session = self._lookup(session_id)
         pending: dict[str, str] = {}
         if session is None:
@@ -946,6 +964,8 @@ class Machine:
                 before = self._record_inbox(session_id, pending)
         kinds = {kind for key, kind in pending.items() if key not in before}
         kinds.update(kind for key, kind in before.items() if key not in pending)
+        if touched and not kinds:
+            kinds = {""}  # an inbox change no long poll of a type waits for
         self.events.publish(session_id, inbox=kinds)
 
     def _save(

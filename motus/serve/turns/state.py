@@ -372,6 +372,9 @@ class After:
     freed: int = 0
     queued: list[Turn] = field(default_factory=list)
     publish: list[str] = field(default_factory=list)
+    #: Of ``publish``: changes that count as inbox changes whatever the inbox shows when they
+    #: are announced (``Machine._announce``).
+    inbox_touched: list[str] = field(default_factory=list)
     budget: list[Turn] = field(default_factory=list)  # began to wait: is the live-turn budget exceeded?
 
 

@@ -236,3 +236,34 @@ def test_an_answer_is_made_once_a_change_for_every_reader(store: Store, make_tur
     for limit in range(20):  # keys from clients' queries: a few answers are kept, the others made each time
         turns.inbox_answer(None, limit + 2, render(None, limit + 2))
     assert len(turns._inbox_cache.answers) <= 8  # noqa: SLF001
+
+
+def test_an_interrupt_answered_before_its_coming_was_announced_is_not_kept(
+    store: Store, make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn asks twice in a row (one tool call, then the next). The manager thread commits
+    the second question and releases the session's lock, then announces it (``_finish``).
+    Meanwhile the approver, who just answered the first, reads the inbox (the session
+    changed: it is read again, and shows the second question) and answers it at once. Both
+    announces then find what the inbox showed before (nothing) and publish no inbox change:
+    the kept inbox keeps the answered question until the session changes again."""
+    turns, pool = make_turns(store=store)
+    a = turns.create().session_id
+    [first] = ask(turns, pool, a, APPROVAL)
+    assert [e.item.interrupt_id for e in turns.inbox()] == [first]
+    turns.resume(a, first, True, by="bob")  # the approver answers the first question
+    announce = turns._announce  # noqa: SLF001
+    raced: list[str] = []
+
+    def late_announce(session_id: str, touched: bool = False) -> None:
+        if not raced and turns.get(session_id).status.value == "interrupted":
+            [entry] = turns.inbox()  # the approver's next read, before the question was announced
+            raced.append(entry.item.interrupt_id)
+            turns.resume(session_id, entry.item.interrupt_id, True, by="bob")  # answered at once
+        announce(session_id, touched)
+
+    monkeypatch.setattr(turns, "_announce", late_announce)
+    turns.worker_message(pool.handle(a), Interrupt(interrupt_id="second", payload=APPROVAL, seq=2))
+    assert raced == ["second"] and turns.get(a).status.value == "running"
+    assert ids(turns._read_inbox(None)) == []  # noqa: SLF001
+    assert ids(turns.inbox()) == []

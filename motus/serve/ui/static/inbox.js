@@ -171,17 +171,19 @@ async function streamLoop(generation) {
 }
 
 /** Whether an event of the all-sessions stream may change what the inbox shows, so that
- *  the view reads it again: an interrupt that came, went or gained an approval, a session
- *  that starts waiting, and any change of a session the view shows (its turn ended or
- *  failed, its title, its deletion: a status "deleted"). Another session's turns (running,
- *  idle) do not: with thousands pending, each read is the whole inbox. */
+ *  the view reads it again: an interrupt that came, went or gained an approval, what the
+ *  agent said while its interrupts wait ("said"), a session that starts waiting, a turn
+ *  that failed or a session deleted (its interrupts go without a "resolved"; shown or not,
+ *  since the count says how many wait beyond those shown), and any change of a session the
+ *  view shows. Other sessions' turns starting, resuming and ending ("running", "idle", after
+ *  their "resolved") do not: with thousands pending, each read is the whole inbox. */
 function concernsInbox(event) {
   switch (event.kind) {
-    case "ready": case "reset": case "interrupt": case "resolved": case "approval":
+    case "ready": case "reset": case "interrupt": case "resolved": case "approval": case "said":
       return true;
     case "status":
-      return event.data.status === "interrupted" || inbox.groups.has(event.data.session_id);
-    case "title": case "message": case "error":
+      return ["interrupted", "error", "deleted"].includes(event.data.status) || inbox.groups.has(event.data.session_id);
+    case "title":
       return inbox.groups.has(event.data.session_id);
     default:
       return false;

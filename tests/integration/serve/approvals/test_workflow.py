@@ -1168,3 +1168,25 @@ def test_the_inbox_shows_what_the_agent_said_after_its_question(start_server: Ca
     assert len(pending(server, second)) == 1
     shown = {i["session_id"]: i["context"]["agent_text"] for i in server.get("/interrupts").json()}
     assert shown[first] == "Meanwhile I looked it up."
+
+
+def test_the_inbox_shows_what_the_agent_said_after_its_question_on_every_instance(start_server: Callable[..., Server], sandbox: Path) -> None:
+    """As ``test_the_inbox_shows_what_the_agent_said_after_its_question``, on two instances
+    too: a model reply finished while the question waits is written with the turn's
+    records (``save_entries``), with no event, and the kept inbox of a shared store is
+    patched only with the sessions that have events since (``changed_since``)."""
+    server = start_server("tests.agents.approval:asks_while_thinking", env=env(sandbox))
+    first = start(server, "think")
+    [asked] = pending(server, first)
+    for _ in range(2):  # each instance keeps the inbox as it is now
+        [item] = server.get("/interrupts").json()
+        assert item["interrupt_id"] == asked["interrupt_id"] and item["context"]["agent_text"] is None
+    (sandbox / "release-thinking").touch()
+
+    def said() -> bool:
+        steps = server.get(f"/sessions/{first}").json()["turn"]["steps"]
+        return any(step.get("text") == "Meanwhile I looked it up." for step in steps)
+
+    wait_until(said, what="the model reply committed")
+    shown = [server.get("/interrupts").json()[0]["context"]["agent_text"] for _ in range(2)]  # each instance answers once
+    assert shown == ["Meanwhile I looked it up."] * 2

@@ -20,6 +20,20 @@ def _ms(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
 
 
+def open_inbox(open_chat, server, cards: int):  # noqa: ANN001, ANN201
+    """A tab on the Inbox view of ``server`` once it shows ``cards`` cards: (chat, its list)."""
+    chat = open_chat(server)
+    chat.page.goto(server.url + "/ui/#/inbox")
+    inbox = chat.page.locator("#inbox-list")
+    expect(inbox.locator("article.card")).to_have_count(cards)
+    return chat, inbox
+
+
+def wait_streaming(chat) -> None:  # noqa: ANN001
+    """Until the view's event stream has answered (from then on it hears every change)."""
+    wait_streaming(chat)
+
+
 def test_an_approver_elsewhere_sees_the_turn_above_the_card(open_chat, example_server):
     chat = open_chat(example_server).open()
     chat.send("delete the old logs file")
@@ -224,10 +238,7 @@ def test_the_inbox_answers_across_sessions(open_chat, start_server, tmp_path):
     server.post(f"/sessions/{second}/messages", json={"content": "delete_file b"}).raise_for_status()
     wait_until(lambda: len(server.get("/interrupts?status=pending").json()) == 2, what="two pending approvals")
 
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/#/inbox")
-    inbox = chat.page.locator("#inbox-list")
-    expect(inbox.locator("article.card")).to_have_count(2)
+    chat, inbox = open_inbox(open_chat, server, 2)
     # Live: an approval that appears later shows without a reload, with its countdown.
     server.post(f"/sessions/{third}/messages", json={"content": "send_money 5"}).raise_for_status()
     expect(inbox.locator("article.card")).to_have_count(3)
@@ -270,18 +281,12 @@ def test_the_inbox_view_reads_the_inbox_again_only_for_changes_that_concern_it(o
     waiting, busy, later = (server.create_session() for _ in range(3))
     server.post(f"/sessions/{waiting}/messages", json={"content": "delete_file a"}).raise_for_status()
     wait_until(lambda: len(server.get("/interrupts?status=pending").json()) == 1, what="one pending approval")
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/#/inbox")
-    inbox = chat.page.locator("#inbox-list")
-    expect(inbox.locator("article.card")).to_have_count(1)
+    chat, inbox = open_inbox(open_chat, server, 1)
 
     def reads() -> int:
         return sum(1 for r in chat.requests if r.method == "GET" and "/interrupts" in r.url)
 
-    def streaming() -> bool:  # the view's event stream answered (its opening wakes one more read)
-        return any(r.url.endswith("/events") and r.response() is not None for r in chat.requests)
-
-    wait_until(streaming, what="the view's event stream")
+    wait_streaming(chat)  # its opening wakes one more read: counted from here
     before = reads()
     for _ in range(5):  # turns that ask nothing, on another session
         server.post(f"/sessions/{busy}/messages", json={"content": ";"}).raise_for_status()
@@ -305,10 +310,7 @@ def test_the_inbox_view_shows_the_oldest_200_and_says_how_many_wait(open_chat, s
     for sid in sessions:
         server.post(f"/sessions/{sid}/messages", json={"content": "60 10"}).raise_for_status()
     wait_until(lambda: server.get("/interrupts?limit=1").headers["X-Total-Count"] == "240", what="240 pending approvals")
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/#/inbox")
-    inbox = chat.page.locator("#inbox-list")
-    expect(inbox.locator("article.card")).to_have_count(200)
+    chat, inbox = open_inbox(open_chat, server, 200)
     expect(chat.page.locator("#inbox-state")).to_have_text("240 waiting for an answer; the oldest 200 are shown.")
     oldest = [i["interrupt_id"] for i in server.get("/interrupts?limit=200").json()]
     shown = inbox.locator("article.card").evaluate_all("cards => cards.map(card => card.dataset.interruptId)")
@@ -397,12 +399,9 @@ def test_the_inbox_view_shows_what_the_agent_said_while_its_question_waits(open_
     sid = server.create_session()
     server.post(f"/sessions/{sid}/messages", json={"content": "think"}).raise_for_status()
     wait_until(lambda: len(server.get("/interrupts").json()) == 1, what="the question pending")
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/#/inbox")
-    inbox = chat.page.locator("#inbox-list")
-    expect(inbox.locator("article.card")).to_have_count(1)
+    chat, inbox = open_inbox(open_chat, server, 1)
     expect(inbox.locator(".inbox-agent")).to_have_count(0)
-    wait_until(lambda: any(r.url.endswith("/events") and r.response() is not None for r in chat.requests), what="the view's event stream")
+    wait_streaming(chat)
     (sandbox / "release-thinking").touch()
     wait_until(lambda: server.get("/interrupts").json()[0]["context"]["agent_text"] == "Meanwhile I looked it up.",
                what="the reply in the inbox")
@@ -420,13 +419,10 @@ def test_the_inbox_views_count_follows_a_session_beyond_the_oldest_200(open_chat
         server.post(f"/sessions/{sid}/messages", json={"content": "10 10" if n == 4 else "50 10"}).raise_for_status()
         wait_until(lambda n=n: server.get("/interrupts?limit=1").headers["X-Total-Count"] == str(50 * n + (10 if n == 4 else 50)),
                    what="the session's approvals pending")
-    chat = open_chat(server)
-    chat.page.goto(server.url + "/ui/#/inbox")
-    inbox = chat.page.locator("#inbox-list")
-    expect(inbox.locator("article.card")).to_have_count(200)
+    chat, inbox = open_inbox(open_chat, server, 200)
     expect(chat.page.locator("#inbox-state")).to_have_text("210 waiting for an answer; the oldest 200 are shown.")
     expect(inbox.locator(f'.inbox-item[data-session-id="{sessions[4]}"]')).to_have_count(0)
-    wait_until(lambda: any(r.url.endswith("/events") and r.response() is not None for r in chat.requests), what="the view's event stream")
+    wait_streaming(chat)
     assert server.delete(f"/sessions/{sessions[4]}").status_code == 204
     assert server.get("/interrupts?limit=1").headers["X-Total-Count"] == "200"
     expect(chat.page.locator("#inbox-state")).to_have_text("200 waiting for an answer.")

@@ -31,7 +31,7 @@ def open_inbox(open_chat, server, cards: int):  # noqa: ANN001, ANN201
 
 def wait_streaming(chat) -> None:  # noqa: ANN001
     """Until the view's event stream has answered (from then on it hears every change)."""
-    wait_streaming(chat)
+    wait_until(lambda: any(r.url.endswith("/events") and r.response() is not None for r in chat.requests), what="the view's event stream")
 
 
 def test_an_approver_elsewhere_sees_the_turn_above_the_card(open_chat, example_server):

@@ -222,16 +222,17 @@ def chat(url: str, message: str | None, session_id: str | None, keep: bool, para
 @click.option("--type", "kind", default=None, metavar="TYPE", help="Only interrupts of this type: tool_approval (a gated tool), user_input (ask_user_question), or a type an agent gave interrupt().")
 @click.option("--wait", is_flag=True, help="Long poll: return as soon as something is pending.")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0), help="How long --wait waits (s).")
+@click.option("--limit", default=None, type=click.IntRange(1), metavar="N", help="Only the oldest N (with thousands waiting).")
 @_json_option
 @_common
 @_handle_errors
-def inbox(url: str, kind: str | None, wait: bool, timeout: float, as_json: bool, api_key: str | None) -> None:
+def inbox(url: str, kind: str | None, wait: bool, timeout: float, limit: int | None, as_json: bool, api_key: str | None) -> None:
     """List the interrupts waiting on a person, across every session, oldest first."""
     _fetch_and_print(
         url,
         api_key,
         as_json,
-        lambda client: client.inbox(type=kind, wait=wait, timeout=timeout),
+        lambda client: client.inbox(type=kind, wait=wait, timeout=timeout, limit=limit),
         lambda items: [item.model_dump(mode="json") for item in items],
         format_inbox,
     )

@@ -147,7 +147,8 @@ def test_interrupts_errors_and_waiting(server: Server, tmp_path: Path) -> None:
 def test_the_inbox_says_how_to_answer_and_resume_answers(server: Server) -> None:
     """``motus serve inbox`` ends with how to answer what it lists; ``motus serve resume``
     answers one; a second answer is refused naming when the first came; VALUE must be JSON.
-    The inbox's help names the real types (user_input, not ask_user_question)."""
+    The inbox's help names the real types (user_input, not ask_user_question); ``--limit``
+    lists the oldest only."""
     assert "user_input (ask_user_question)" in ok("inbox", "--help").stdout
     session_id = ok("create", server.url).stdout.strip()
     ok("send", server.url, session_id, "approve", "--wait")
@@ -155,6 +156,9 @@ def test_the_inbox_says_how_to_answer_and_resume_answers(server: Server) -> None
     [interrupt_id] = [item["interrupt_id"] for item in json.loads(ok("inbox", server.url, "--json").stdout) if item["session_id"] == session_id]
     assert f"Session {session_id}: approve\n  message at 20" in listed and ": approve\n  [tool_approval] approve " in listed
     assert f"    interrupt {interrupt_id}  since " in listed
+    oldest = json.loads(ok("inbox", server.url, "--json", "--limit", "1").stdout)  # the oldest only (other tests' may wait too)
+    assert len(oldest) == 1 and oldest == json.loads(ok("inbox", server.url, "--json").stdout)[:1]
+    assert "Invalid value for '--limit'" in failed("inbox", server.url, "--limit", "0", code=2)
     assert listed.rstrip().endswith("or open the session in the chat: motus serve chat URL --session SESSION"), listed
     assert "motus serve resume URL SESSION INTERRUPT VALUE" in listed
 

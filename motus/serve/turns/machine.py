@@ -28,7 +28,7 @@ Thread ownership and lock order: ``Session`` fields and its ``Turn`` are guarded
 ``Timers.lock`` (neither held while taking a session lock); what the inbox last showed
 (``_inboxed``) by ``_inboxed_lock``, a leaf; a read of a session from the store by its stripe
 of ``_loading``. Order: ``_loading`` -> session lock -> ``_registry`` | slots | timers |
-``_inboxed_lock`` -> pool lock. Request threads call the transitions, the pool's
+``_inboxed_lock`` -> pool lock, and ``_registry`` -> ``_inboxed_lock`` (``_announce``). Request threads call the transitions, the pool's
 manager thread ``worker_message``, the housekeeping thread the timed ones.
 """
 
@@ -929,8 +929,8 @@ class Machine:
 
     def _record_inbox(self, session_id: str, pending: dict[str, str]) -> dict[str, str]:
         """Record what the inbox shows of a session now; returns what it showed before.
-        ``_inboxed_lock`` is taken inside a session's lock (never the other way round) and
-        nothing is taken inside it."""
+        ``_inboxed_lock`` is taken inside a session's lock or the registry (never the other
+        way round) and nothing is taken inside it."""
         with self._inboxed_lock:
             before = self._inboxed.get(session_id, {})
             if pending:
@@ -952,8 +952,15 @@ class Machine:
         session = self._lookup(session_id)
         pending: dict[str, str] = {}
         if session is None:
-            before = self._record_inbox(session_id, pending)
-        else:
+            # Deleted, or forgotten (``_trim``): what it showed goes. Decided under the
+            # registry, which ``_hold`` registers a copy under before it records what that
+            # shows: a copy held again meanwhile is announced as held, never forgotten after
+            # its record (its next answer then looked like no change: found by attack).
+            with self._registry:
+                session = self._sessions.get(session_id)
+                if session is None:
+                    before = self._record_inbox(session_id, pending)
+        if session is not None:
             # Read and recorded under the session's lock, so that two announces of one session
             # (a resume's on its request thread, the worker's next interrupt's on the manager
             # thread) record what they read in the order they read it: recorded the other way

@@ -267,3 +267,33 @@ def test_an_interrupt_answered_before_its_coming_was_announced_is_not_kept(
     assert raced == ["second"] and turns.get(a).status.value == "running"
     assert ids(turns._read_inbox(None)) == []  # noqa: SLF001
     assert ids(turns.inbox()) == []
+
+
+def test_a_session_held_again_while_its_change_is_announced_keeps_what_the_inbox_showed(
+    store: Store, make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change's announce found the session gone from memory (forgotten past the cache)
+    while another thread held it again before the announce recorded that: what the inbox
+    showed of it was dropped, so its answer looked like no change and the kept inbox kept
+    the answered interrupt. The announce now decides under the registry."""
+    turns, pool = make_turns(store=store)
+    a = turns.create().session_id
+    [asked] = ask(turns, pool, a, APPROVAL)
+    assert [e.item.interrupt_id for e in turns.inbox()] == [asked]
+    held = turns._lookup  # noqa: SLF001
+    missed: list[str] = []
+
+    def lookup(session_id: str):  # noqa: ANN202 - the announce's look finds it forgotten, once
+        if session_id == a and not missed:
+            missed.append(session_id)
+            return None
+        return held(session_id)
+
+    monkeypatch.setattr(turns, "_lookup", lookup)
+    turns._announce(a)  # noqa: SLF001  # some change of a, announced as it is held again
+    monkeypatch.undo()
+    assert missed == [a]
+    assert [e.item.interrupt_id for e in turns.inbox()] == [asked]  # a reader keeps the session as it is
+    turns.resume(a, asked, True, by="bob")
+    assert ids(turns._read_inbox(None)) == []  # noqa: SLF001
+    assert ids(turns.inbox()) == []

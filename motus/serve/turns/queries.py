@@ -67,8 +67,10 @@ class InboxCache:
     #: Answers made from these lists (``Queries.inbox_answer``), by type and key.
     answers: dict[tuple[str | None, Any], Any] = field(default_factory=dict)
     #: How many items each session has in a list (by type; None: the whole one), once
-    #: counted: each item says its number among its session's (``position`` of ``of``).
-    counts: dict[str | None, dict[str, int]] = field(default_factory=dict)
+    #: counted, with the list counted: each item says its number among its session's
+    #: (``position`` of ``of``). Two readers may make a type's list at once; each uses only
+    #: the counts of its own.
+    counts: dict[str | None, tuple[list[Any], dict[str, int]]] = field(default_factory=dict)
 
 
 class Queries:
@@ -140,9 +142,12 @@ class Queries:
         memo = (kind, key)
         answer = cache.answers.get(memo)
         if answer is None:
-            counts = cache.counts.get(kind)
-            if counts is None:  # counted once a change (the whole one's are patched with it)
-                counts = cache.counts[kind] = Counter(entry.session_id for entry in found)
+            counted = cache.counts.get(kind)
+            if counted is not None and counted[0] is found:
+                counts = counted[1]
+            else:  # counted once a change (the whole one's are patched with it)
+                counts = Counter(entry.session_id for entry in found)
+                cache.counts[kind] = (found, counts)
             answer = render(found, counts)
             if len(cache.answers) < INBOX_ANSWERS_KEPT:  # keys come from clients' queries
                 cache.answers[memo] = answer
@@ -186,14 +191,16 @@ class Queries:
             return InboxCache(label)
         fresh = self._read_inbox(None, changed) if changed else []
         if cache.whole is not None:
-            counts = cache.counts.get(None)
-            if counts is not None:  # patched too: counting thousands at each change costs more than the patch
-                counts = dict(counts)
-                for session_id in changed:
-                    counts.pop(session_id, None)
-                for entry in fresh:
-                    counts[entry.session_id] = counts.get(entry.session_id, 0) + 1
-            return InboxCache(label, _patched(cache.whole, changed, fresh), counts={None: counts} if counts is not None else {})
+            whole = _patched(cache.whole, changed, fresh)
+            counted = cache.counts.get(None)
+            if counted is None or counted[0] is not cache.whole:
+                return InboxCache(label, whole)
+            counts = dict(counted[1])  # patched too: counting thousands at each change costs more than the patch
+            for session_id in changed:
+                counts.pop(session_id, None)
+            for entry in fresh:
+                counts[entry.session_id] = counts.get(entry.session_id, 0) + 1
+            return InboxCache(label, whole, counts={None: (whole, counts)})
         kinds = {kind: _patched(found, changed, [entry for entry in fresh if entry.item.type == kind])
                  for kind, found in cache.kinds.items()}
         return InboxCache(label, None, kinds)

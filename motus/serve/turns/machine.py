@@ -684,7 +684,7 @@ class Machine:
                 # committed with a "said" event, so that every instance's kept inbox
                 # (``SharedStore.changed_since``) and an open Inbox view learn of it.
                 now = self._clock()
-                said = agent_text([*(e for e in turn.journal.values() if e.kind == MODEL and e.done), entry])
+                said = agent_text([*turn.replies(), entry])
                 self._save(session, session.record(touched=now), [entry],
                            [session.event("said", now, turn_id=turn.turn_id, agent_text=said)])
                 session.touched = now
@@ -739,8 +739,7 @@ class Machine:
                         self._stop_turn_locked(turn, after)
                         session.turn = None
                         session.store_behind = True  # the row still waits: its next save changes the inbox
-                        after.publish.append(session.session_id)
-                        after.inbox_touched.append(session.session_id)
+                        after.publish.append(session.session_id)  # an inbox change: its view gains "store#behind"
                         self.metrics.turn_ended("error", time.monotonic() - turn.started)
         finally:
             self._finish(after)  # what was decided before a failure (a slot freed) still happens
@@ -1098,5 +1097,5 @@ def _inbox_view(session: Session) -> dict[str, str]:
     interrupts = session.view().interrupts
     view.update((f"{item.interrupt_id}#{len(item.approvals)}", item.type) for item in interrupts)
     if interrupts:
-        view[f"said#{sum(1 for e in turn.journal.values() if e.kind == MODEL and e.done)}"] = ""
+        view[f"said#{len(turn.replies())}"] = ""
     return view

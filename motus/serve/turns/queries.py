@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from motus.serve.errors import SessionNotFound
 from motus.serve.events import inbox_key
-from motus.durable.records import MODEL, JournalEntry
+from motus.durable.records import JournalEntry
 from motus.serve.live import agent_text
 from motus.serve.store import AuditRecord, DurableStore, SessionSummary, SharedStore
 from motus.serve.turns.replicas import ask_store
@@ -236,8 +236,7 @@ class Queries:
                 items = [item for item in session.view().interrupts if kind is None or item.type == kind]
                 if items:
                     turn = session.turn
-                    journal = [e for e in turn.journal.values() if e.kind == MODEL and e.done] if turn is not None else []
-                    context = turn_context(session.title, turn, journal)
+                    context = turn_context(session.title, turn, turn.replies() if turn is not None else [])
                     found.extend(InboxEntry(session.session_id, item, context) for item in items)
         found.sort(key=inbox_order)
         return found

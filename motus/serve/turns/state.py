@@ -50,7 +50,7 @@ from typing import Any
 from motus.serve.errors import InvalidTransition
 from motus.serve.events import isoformat
 from motus.serve.pool import Handle
-from motus.durable.records import INTERRUPT, Interrupt, JournalEntry, Record, Resume
+from motus.durable.records import INTERRUPT, MODEL, Interrupt, JournalEntry, Record, Resume
 from motus.serve.store import Event, SessionRecord, TurnRecord
 
 #: A turn whose outcome the server failed to apply (a bug, or a fault in a collaborator such
@@ -221,6 +221,10 @@ class Turn:
 
     def pending(self) -> list[JournalEntry]:
         return sorted((e for e in self.journal.values() if e.kind == INTERRUPT and not e.done), key=lambda e: e.seq)
+
+    def replies(self) -> list[JournalEntry]:
+        """Its finished model records: what the agent said so far (``live.agent_text``)."""
+        return [e for e in self.journal.values() if e.kind == MODEL and e.done]
 
     def conflict(self, message: object) -> str | None:
         """Why a well-formed interrupt or record cannot be what a worker of ours sends at this

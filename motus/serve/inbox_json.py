@@ -1,8 +1,8 @@
-"""The inbox's answer (``GET /interrupts``) built as JSON-ready dicts, item by item.
+"""The inbox's answer (``GET /interrupts``) written as JSON text, item by item.
 
-Guarantee: each item is, key for key and in the same order, what
-``InboxItem(...).model_dump(mode="json")`` gives for the same pending interrupt (the API's
-model stays the schema: the OpenAPI document and the clients read it;
+Guarantee: the text is, byte for byte, what ``jsonify`` writes of a list of
+``InboxItem(...).model_dump(mode="json")`` for the same pending interrupts (the API's model
+stays the schema: the OpenAPI document and the clients read it;
 ``tests/unit/serve/test_inbox_json.py`` holds the two side by side).
 
 Why not the model: an inbox of thousands of pending approvals is one answer, built on a
@@ -59,24 +59,6 @@ class _Entry(Protocol):
     rendered: dict[str, Any]
 
 
-def inbox_items(
-    entries: Sequence[_Entry],
-    shown_payload: Callable[[Any], Any],
-    quorum_state: Callable[[Any, Any, str | None], tuple[int, Sequence[Mapping[str, Any]]]],
-) -> list[dict[str, Any]]:
-    """The items of ``entries`` (oldest first, as the inbox lists them), each numbered among
-    its session's (``position`` of ``of``). ``shown_payload(payload)``: the payload as clients
-    see it (with the enforced policy); ``quorum_state(payload, approvals, sender)``: its
-    quorum and the approvals that count (``Machine.quorum_state``)."""
-    counts = Counter(entry.session_id for entry in entries)
-    seen: Counter[str] = Counter()
-    items = []
-    for entry in entries:
-        seen[entry.session_id] += 1
-        items.append(_item(entry, shown_payload, quorum_state, seen[entry.session_id], counts[entry.session_id]))
-    return items
-
-
 def inbox_text(
     entries: Sequence[_Entry],
     shown_payload: Callable[[Any], Any],
@@ -85,11 +67,14 @@ def inbox_text(
     limit: int | None = None,
     counts: Mapping[str, int] | None = None,
 ) -> bytes:
-    """The answer ``jsonify(inbox_items(entries, shown_payload, quorum_state)[:limit])``
-    writes, byte for byte (UTF-8, its closing newline included), where ``dumps`` writes JSON
-    without spaces as ``jsonify`` does: a list's text is its items' texts joined. With a
-    ``limit``, the first items only, each still numbered among all its session's
-    (``counts``: how many items each session has in ``entries``, when already known).
+    """The answer for ``entries`` (oldest first, as the inbox lists them), as ``jsonify``
+    writes it (UTF-8, its closing newline included), where ``dumps`` writes JSON without
+    spaces as ``jsonify`` does: a list's text is its items' texts joined. Each item is
+    numbered among its session's (``position`` of ``of``); with a ``limit``, the first items
+    only, each still numbered among all its session's (``counts``: how many items each
+    session has in ``entries``, when already known). ``shown_payload(payload)``: the
+    payload as clients see it (with the enforced policy); ``quorum_state(payload, approvals,
+    sender)``: its quorum and the approvals that count (``Machine.quorum_state``).
 
     Each item's text is written once and kept on its entry (``rendered``), with the position
     it was written for: an entry lives in the kept inbox until its session changes

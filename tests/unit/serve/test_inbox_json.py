@@ -1,6 +1,6 @@
-"""``motus.serve.inbox_json``: the inbox's items built without the API's models are, key for
-key and in order, what ``InboxItem(...).model_dump(mode="json")`` gives (the model is the
-oracle here, built the way the view built it before)."""
+"""``motus.serve.inbox_json``: the inbox's answer written without the API's models is, byte
+for byte, what ``jsonify`` wrote of ``InboxItem(...).model_dump(mode="json")`` items (the
+model is the oracle here, built the way the view built it before)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from flask import Flask, jsonify
 from motus.api.approvers import approval_record
 from motus.api.schemas import Approval, InboxContext, InboxItem
 from motus.serve.events import isoformat
-from motus.serve.inbox_json import inbox_items, inbox_text
+from motus.serve.inbox_json import inbox_text
 from motus.serve.live import MAX_TEXT, message_text
 from motus.serve.turns.queries import InboxEntry, TurnContext
 from motus.serve.turns.state import PendingInterrupt
@@ -64,28 +64,28 @@ def entry(session_id: str, payload: dict[str, Any], ref: str = "int-1", context:
                       context or TurnContext(None, None, None, None, None))
 
 
+APP = Flask(__name__)
+APP.json.sort_keys = False  # type: ignore[attr-defined]  # as motus.serve.app sets it
+
+
 def jsonified(items: list[dict[str, Any]]) -> str:
     """The answer's text as the app's ``jsonify`` writes it (its JSON settings)."""
-    app = Flask(__name__)
-    app.json.sort_keys = False  # type: ignore[attr-defined]  # as motus.serve.app sets it
-    with app.app_context():
+    with APP.app_context():
         return jsonify(items).get_data(as_text=True)
 
 
+def text_of(entries: list[InboxEntry], shown: Any = lambda p: p, quorum_state: Any = no_quorum, limit: int | None = None) -> str:
+    """``inbox_text`` of ``entries``, written with the app's JSON settings."""
+    with APP.app_context():
+        return inbox_text(entries, shown, quorum_state, lambda value: APP.json.dumps(value, separators=(",", ":")), limit).decode()
+
+
 def same(entries: list[InboxEntry], shown: Any = lambda p: p, quorum_state: Any = no_quorum) -> None:
-    fast = inbox_items(entries, shown, quorum_state)
-    oracle = by_model(entries, shown, quorum_state)
-    # Key order counts (the answer is written in it): compare the JSON text too.
-    assert json.dumps(fast) == json.dumps(oracle)
-    assert fast == oracle or json.dumps(fast) == json.dumps(oracle)  # NaN is not equal to itself
-    # The answer's text, written from each item's kept text, is jsonify's of the items: the
-    # first time (each item's text written and kept) and again (the kept texts joined).
-    app = Flask(__name__)
-    app.json.sort_keys = False  # type: ignore[attr-defined]
-    with app.app_context():
-        for _ in range(2):
-            text = inbox_text(entries, shown, quorum_state, lambda value: app.json.dumps(value, separators=(",", ":")))
-            assert text.decode() == jsonified(oracle)
+    """The answer's text is jsonify's of the model's items (key order included): the first
+    time (each item's text written and kept) and again (the kept texts joined)."""
+    oracle = jsonified(by_model(entries, shown, quorum_state))
+    for _ in range(2):
+        assert text_of(entries, shown, quorum_state) == oracle
     assert all("text" in entry.rendered for entry in entries)
 
 
@@ -125,16 +125,12 @@ def test_the_senders_own_approval_is_not_counted() -> None:
 def test_items_are_numbered_within_their_session() -> None:
     entries = [entry("s1", APPROVAL, "a"), entry("s2", APPROVAL, "b"), entry("s1", {"type": "user_input", "question": "?"}, "c"),
                entry("s1", APPROVAL, "d")]
-    items = inbox_items(entries, lambda p: p, no_quorum)
+    items = json.loads(text_of(entries))
     assert [(i["session_id"], i["position"], i["of"]) for i in items] == [("s1", 1, 3), ("s2", 1, 1), ("s1", 2, 3), ("s1", 3, 3)]
     same(entries)
     same(entries[1:])  # the same entries in another list: their kept texts, numbered anew
-    app = Flask(__name__)
-    app.json.sort_keys = False  # type: ignore[attr-defined]
-    with app.app_context():
-        for limit in (1, 2, 4, 9):  # the oldest only, each numbered among all its session's
-            text = inbox_text(entries, lambda p: p, no_quorum, lambda v: app.json.dumps(v, separators=(",", ":")), limit)
-            assert text.decode() == jsonified(by_model(entries, lambda p: p, no_quorum)[:limit])
+    for limit in (1, 2, 4, 9):  # the oldest only, each numbered among all its session's
+        assert text_of(entries, limit=limit) == jsonified(by_model(entries, lambda p: p, no_quorum)[:limit])
 
 
 def test_an_inbox_with_no_items_is_an_empty_list() -> None:
@@ -171,6 +167,5 @@ def test_a_nested_key_with_a_lone_surrogate_is_shown_replaced_not_a_500() -> Non
     """The model raised here (a 500 for the whole inbox); such keys are refused at the door
     now (``interrupt()``, the server's check of a worker's ``Interrupt``), but an earlier
     motus stored them."""
-    items = inbox_items([entry("s1", {"type": "confirm", "a": [{"\udc80": {"\ud800x": 1}}], "v": "\udc80"})], lambda p: p, no_quorum)
+    items = json.loads(text_of([entry("s1", {"type": "confirm", "a": [{"\udc80": {"\ud800x": 1}}], "v": "\udc80"})]))
     assert items[0]["payload"] == {"type": "confirm", "a": [{"\ufffd" * 3: {"\ufffd" * 3 + "x": 1}}], "v": "\udc80"}
-    json.dumps(items)  # the answer's text can be written

@@ -644,6 +644,8 @@ class PostgresStore(SharedStore):
                             try:
                                 on_change(session_id, version, session_id in pulled)
                             except Exception:
+                                if self._closing.is_set():
+                                    return  # the instance is shutting down: its store is closed under it
                                 log.exception("handling a change of session %s failed", session_id)
             except Exception as exc:
                 if self._closing.is_set():

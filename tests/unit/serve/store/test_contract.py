@@ -18,6 +18,7 @@ and fail instead under ``CI`` or ``MOTUS_REQUIRE_POSTGRES``.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -622,6 +623,34 @@ def test_the_listener_reports_changes_made_by_another_instance(stores: list[Any]
     with arrived:
         assert arrived.wait_for(lambda: any(sid == "s1" and version > 0 for sid, version in seen), timeout=10), seen
     assert [e.kind for e in b.events_after(0)] == ["status"]  # pulled before the call
+
+
+def test_a_change_handled_while_the_instance_closes_ends_the_listener_without_a_traceback(
+    stores: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An instance shutting down closes its store while the listener may be telling the
+    server of a change; the server's handler then reads a closed store. That is the end of
+    listening, not a failure to log with its traceback."""
+    a, b = stores
+    failed: list[BaseException] = []
+    listening = threading.Event()
+
+    def changed(session_id: str, version: int, new_events: bool) -> None:
+        b.close()  # what the shutdown does on its own thread, meanwhile
+        try:
+            b.load_one(session_id)
+        except StoreError as exc:
+            failed.append(exc)
+            raise
+
+    b.listen(changed, listening.set)
+    assert listening.wait(10)
+    listener = b._listener
+    a.save(record(), events=[Event("s1", "status", {"status": "idle"}, at=0.0)])
+    listener.join(timeout=10)
+    assert not listener.is_alive()
+    assert failed and "is closed" in str(failed[0])
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_audit_records_round_trip_and_go_with_the_session(stores: list[Any]) -> None:

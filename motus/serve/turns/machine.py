@@ -39,6 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -85,6 +86,12 @@ T = TypeVar("T")
 
 #: How often a change refused by a shared store (the row changed meanwhile) is tried again.
 STALE_RETRIES = 8
+
+#: The most sessions one trim of the cache looks at. A trim follows every read from the
+#: store, which adds one session; looking at a few dozen keeps the cache at its size while
+#: there is anything to forget, and when there is not (a burst of thousands of turns, each
+#: held until it parks) each read still costs a bounded look, not a pass over all of them.
+TRIM_LOOK = 64
 
 
 @dataclass(frozen=True)
@@ -230,16 +237,17 @@ class Machine:
 
     def _trim(self) -> None:
         """Forget the least recently used sessions beyond ``session_cache`` that may be
-        forgotten (``Replicas.may_forget``: no process, no timer, nothing only memory holds).
-        A session in use (its lock taken) is passed over; one that must stay is moved to the
-        most recent end, so the next trim does not look at it again first."""
+        forgotten (``Replicas.may_forget``: no process, no timer, nothing only memory holds),
+        looking at no more than ``TRIM_LOOK`` of them. A session in use (its lock taken) is
+        passed over; one that must stay is moved to the most recent end, so the next trim
+        looks at others first."""
         if not self._cache_limit:
             return
         with self._registry:
             excess = len(self._sessions) - self._cache_limit
             if excess <= 0:
                 return
-            candidates = [session for _, session in zip(range(excess), self._sessions.values())]
+            candidates = list(islice(self._sessions.values(), min(excess, TRIM_LOOK)))
         for session in candidates:
             if not session.lock.acquire(blocking=False):
                 continue

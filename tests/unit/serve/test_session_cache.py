@@ -19,6 +19,7 @@ from motus.durable.records import Interrupt, Result
 from motus.serve.errors import InterruptNotPending, SessionConflict, SessionNotFound
 from motus.serve.store import Store, store_from_url
 from motus.serve.turns import PendingInterrupt, SessionStatus, TurnState
+from motus.serve.turns import machine
 from tests.unit.serve.test_turns import APPROVAL, MESSAGE, REPLY, MakeTurns, interrupted, make_turns, state_of  # noqa: F401
 
 IDLE, INTERRUPTED, RUNNING = SessionStatus.IDLE, SessionStatus.INTERRUPTED, SessionStatus.RUNNING
@@ -148,6 +149,35 @@ def test_what_has_a_process_or_a_timer_is_never_forgotten(sqlite: Store, make_tu
     assert state_of(turns, running) is TurnState.QUEUED and state_of(turns, timed) is TurnState.PARKED
     turns.start(pool)
     assert pool.handle(running).job.message == MESSAGE
+
+
+def test_a_trim_looks_at_a_bounded_number_of_sessions_however_many_must_stay(
+    sqlite: Store, make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of messages holds thousands of queued turns, none of which may be forgotten.
+    Each read from the store trims the cache; a trim that looked at all of them made the
+    burst cost the square of its size (10,000 messages: 90% of the server in ``_trim``).
+    The bound is made small here so that a few sessions show it."""
+    monkeypatch.setattr(machine, "TRIM_LOOK", 4)
+    turns, pool = make_turns(store=sqlite, session_cache=1, max_workers=1)
+    busy = [turns.create().session_id for _ in range(12)]
+    for sid in busy:
+        turns.start_turn(sid, MESSAGE)  # one runs, the rest wait for its slot
+    assert set(busy) <= set(held(turns))
+    asked: list[str] = []
+    real = turns.replicas.may_forget
+    turns.replicas.may_forget = lambda session: asked.append(session.session_id) or real(session)  # type: ignore[method-assign]
+    turns.create()
+    assert len(asked) == 4
+    assert set(busy) <= set(held(turns))
+    ended = 0
+    while ended < len(pool.launched):  # each end hands the slot to the next waiting turn
+        turns.worker_message(pool.launched[ended], Result(response=REPLY, state=[MESSAGE, REPLY]))
+        ended += 1
+    assert ended == len(busy)
+    for _ in range(5):  # nothing needs to stay now: each read forgets up to four again
+        turns.create()
+    assert len(held(turns)) == 1
 
 
 def test_a_thread_holding_a_forgotten_copy_uses_the_session_as_it_now_is(sqlite: Store, make_turns: MakeTurns) -> None:

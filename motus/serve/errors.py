@@ -106,6 +106,20 @@ class ServerUnavailable(ServeError):
     status_code = 503
 
 
+#: What a 503 for a passing condition asks a client to wait before it tries again (seconds).
+TRY_AGAIN_SECONDS = 1
+
+
+class TryAgain(ServerUnavailable):
+    """503 for a condition that passes by itself (the store away or locked, a session that
+    kept changing on other instances or moving in and out of memory while this request
+    waited for it): with ``Retry-After``, so a client waits and asks again (``motus.client``'s
+    long polls, the web chat) rather than giving up or asking again at once."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"Retry-After": str(TRY_AGAIN_SECONDS)})
+
+
 class SessionLimitReached(ServerUnavailable):
     pass
 

@@ -63,7 +63,7 @@ _REASONS = {
     415: "A body that is not declared Content-Type: application/json",
     431: "Request header fields too large, or too many of them",
     422: "The body is missing, is not JSON, is not an object, or does not match the schema; the detail names the problem",
-    503: "Session limit reached, every event stream or long-poll slot taken (--max-streams, --threads, once --max-waiting are held without a thread; Retry-After says when to try again), or the server is shutting down",
+    503: "Session limit reached, every event stream or long-poll slot taken (--max-streams, --threads, once --max-waiting are held without a thread; Retry-After says when to try again), the session store unavailable or a session that kept changing while the request waited (Retry-After: 1), or the server is shutting down",
 }
 
 

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from motus.api.approvers import approval_record, counted, effective, is_approval, progress, quorum_of, quorum_refusal, refusal, unrememberable
 from motus.api.titles import derived_title
-from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, Unprocessable, ServerUnavailable, SessionConflict, SessionNotFound, StoreCannotTake
+from motus.serve.errors import InterruptNotPending, InvalidTransition, NotAnApprover, Unprocessable, ServerUnavailable, SessionConflict, TryAgain, SessionNotFound, StoreCannotTake
 from motus.serve.events import Events
 from motus.durable.journal import canonical_payload, pack
 from motus.serve.metrics import NO_METRICS, Hooks
@@ -303,7 +303,7 @@ class Machine:
             finally:
                 finish(after)
             return result
-        raise ServerUnavailable(f"Session {session_id} {why}; try again")
+        raise TryAgain(f"Session {session_id} {why}; try again")
 
     def _refresh_now(self, session: Session, publish: bool, load: bool = False, reread: bool = False) -> None:
         """Read a stale session again under its lock, then do what that decided, with its
@@ -333,7 +333,7 @@ class Machine:
                 return
             session = found
             session.stale = True
-        raise ServerUnavailable(f"Session {session.session_id} kept moving in and out of memory; try again")
+        raise TryAgain(f"Session {session.session_id} kept moving in and out of memory; try again")
 
     # -- turns (request threads) ---------------------------------------------------------
 
@@ -671,7 +671,7 @@ class Machine:
                 self.replicas.fresh_locked(session, after)
                 if session.deleted or session.turn is not turn or turn.handle is not handle or turn.state is TurnState.ENDED:
                     return
-        raise ServerUnavailable(f"Session {session.session_id} kept changing on other instances")
+        raise TryAgain(f"Session {session.session_id} kept changing on other instances; try again")
 
     def _apply_once_locked(
         self, session: Session, turn: Turn, handle: Handle, message: object, after: After, whole_history: bool = False
@@ -1027,7 +1027,7 @@ class Machine:
             raise StoreCannotTake(f"The session store cannot take the change: {type(exc).__name__}: {exc}") from None
         except Exception as exc:
             log.exception("store write failed")
-            raise ServerUnavailable(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
+            raise TryAgain(f"Could not save the change to the session store: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True)

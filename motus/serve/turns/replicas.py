@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from motus.serve.errors import ServerUnavailable
+from motus.serve.errors import ServerUnavailable, TryAgain
 from motus.serve.events import ALL
 from motus.durable.journal import unpack
 from motus.durable.records import INTERRUPT, Resume
@@ -258,7 +258,7 @@ class SharedReplicas(Replicas):
         try:
             return self.store.owner_alive(owner)
         except Exception as exc:
-            raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+            raise TryAgain(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
 
     def fresh_locked(self, session: Session, after: After, verify: bool = False) -> None:
         """Read the session again if another instance changed it. ``verify`` asks the
@@ -270,7 +270,7 @@ class SharedReplicas(Replicas):
             try:
                 version = self.store.version_of(session.session_id)
             except Exception as exc:
-                raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+                raise TryAgain(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
             if version != session.version:
                 session.stale = True  # never cleared here: a mark set while the store answered stands
         if session.stale:
@@ -410,7 +410,7 @@ def ask_store(query: Callable[[], T]) -> T:
     try:
         return query()
     except Exception as exc:
-        raise ServerUnavailable(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
+        raise TryAgain(f"Could not read the session store: {type(exc).__name__}: {exc}") from None
 
 
 def _read(store: DurableStore, session_id: str) -> SessionRecord | None:

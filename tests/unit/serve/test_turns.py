@@ -803,6 +803,7 @@ def test_a_failing_store_makes_start_turn_a_503_that_changed_nothing(make_turns:
         turns.start_turn(sid, MESSAGE)
     assert failed.value.status_code == 503
     assert failed.value.detail == "Could not save the change to the session store: OSError: disk full"
+    assert failed.value.headers == {"Retry-After": "1"}  # it passes: the client is told when to ask again
     assert turns.get(sid) == before and state_of(turns, sid) is None
     assert pool.launched == [] and slots_in_use(turns) == 0
 

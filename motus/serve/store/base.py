@@ -425,9 +425,9 @@ class DurableStore(Store):
         or a pending interrupt that expires (both are timed in memory)."""
 
     @abstractmethod
-    def expired_ids(self, cutoff: float) -> list[str]:
-        """The idle and error sessions last written at or before ``cutoff`` (wall clock):
-        what the TTL sweep removes."""
+    def expired_ids(self, cutoff: float, limit: int | None = None) -> list[str]:
+        """The idle and error sessions last written at or before ``cutoff`` (wall clock),
+        oldest first, at most ``limit`` of them: what the TTL sweep removes."""
 
 
 class SharedStore(DurableStore):

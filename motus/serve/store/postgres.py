@@ -257,10 +257,11 @@ class PostgresStore(SharedStore):
             ).fetchall()
         return [LiveTurn(session_id, status, bool(expiring) or has_deadline(turn)) for session_id, status, turn, expiring in rows]
 
-    def expired_ids(self, cutoff: float) -> list[str]:
+    def expired_ids(self, cutoff: float, limit: int | None = None) -> list[str]:
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT session_id FROM motus_sessions WHERE status IN ('idle', 'error') AND touched <= %s ORDER BY touched", (cutoff,)
+                "SELECT session_id FROM motus_sessions WHERE status IN ('idle', 'error') AND touched <= %s ORDER BY touched LIMIT %s",
+                (cutoff, limit),  # LIMIT NULL: no limit
             ).fetchall()
         return [session_id for (session_id,) in rows]
 

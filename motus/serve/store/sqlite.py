@@ -397,10 +397,11 @@ class SqliteStore(DurableStore):
             ).fetchall()
         return [LiveTurn(session_id, status, bool(expiring) or has_deadline(turn)) for session_id, status, turn, expiring in rows]
 
-    def expired_ids(self, cutoff: float) -> list[str]:
+    def expired_ids(self, cutoff: float, limit: int | None = None) -> list[str]:
         with self._lock:
             rows = self._db().execute(
-                "SELECT session_id FROM sessions WHERE status IN ('idle', 'error') AND touched <= ? ORDER BY touched", (cutoff,)
+                "SELECT session_id FROM sessions WHERE status IN ('idle', 'error') AND touched <= ? ORDER BY touched LIMIT ?",
+                (cutoff, -1 if limit is None else limit),  # LIMIT -1: no limit
             ).fetchall()
         return [session_id for (session_id,) in rows]
 

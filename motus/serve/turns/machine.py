@@ -170,6 +170,7 @@ class Machine:
         self._hurried = False  # a quick stop: running turns get no more of their grace
         self._draining_done = False  # the shutdown grace is over: no slot is handed out
         self._housekeeper: threading.Thread | None = None
+        self._swept = 0  # the sessions the TTL sweep under way removed so far (housekeeper's)
         self.timers = Timers(clock, lambda: self._stopped)
         self.metrics: Hooks = NO_METRICS  # the server's metrics (see metrics.py)
         #: What other instances on a shared store do, or that there are none.
@@ -235,19 +236,20 @@ class Machine:
         self._finish(after)
         return held
 
-    def _trim(self) -> None:
+    def _trim(self, look: int | None = None) -> bool:
         """Forget the least recently used sessions beyond ``session_cache`` that may be
         forgotten (``Replicas.may_forget``: no process, no timer, nothing only memory holds),
-        looking at no more than ``TRIM_LOOK`` of them. A session in use (its lock taken) is
+        looking at no more than ``look`` of them (``TRIM_LOOK`` unless told). A session in use (its lock taken) is
         passed over; one that must stay is moved to the most recent end, so the next trim
-        looks at others first."""
+        looks at others first. True when it forgot some and the cache is still over."""
         if not self._cache_limit:
-            return
+            return False
         with self._registry:
             excess = len(self._sessions) - self._cache_limit
             if excess <= 0:
-                return
-            candidates = list(islice(self._sessions.values(), min(excess, TRIM_LOOK)))
+                return False
+            candidates = list(islice(self._sessions.values(), min(excess, TRIM_LOOK if look is None else look)))
+        forgot = 0
         for session in candidates:
             if not session.lock.acquire(blocking=False):
                 continue
@@ -259,10 +261,13 @@ class Machine:
                     if forget:
                         del self._sessions[session.session_id]
                         session.forgotten = True
+                        forgot += 1
                     else:
                         self._sessions.move_to_end(session.session_id)
             finally:
                 session.lock.release()
+        with self._registry:
+            return forgot > 0 and len(self._sessions) > self._cache_limit
 
     def _finish_read(self, after: After) -> None:
         """``_finish`` for a read, which may run inside a long poll's check, under an

@@ -239,22 +239,31 @@ class Turns(Queries, TimedMoves, Machine):
         self._commit(lambda: self.replicas.delete_row(session, events))
 
     def sweep(self, now: float | None = None) -> list[str]:
-        """Remove idle and error sessions nothing has written to for ``ttl`` seconds. The
-        candidates are the store's (durable) or the memory's; each is looked at again under
-        its lock on its current row, as any change is (another instance may have written or
-        swept it meanwhile)."""
+        """Remove idle and error sessions nothing has written to for ``ttl`` seconds, all of
+        them (``sweep_batch`` without a limit)."""
+        return self.sweep_batch(now)[0]
+
+    def sweep_batch(self, now: float | None = None, limit: int | None = None) -> tuple[list[str], bool]:
+        """``sweep`` of at most ``limit`` candidates, the oldest first; with whether there
+        may be more. The candidates are the store's (durable) or the memory's; each is
+        looked at again under its lock on its current row, as any change is (another
+        instance may have written or swept it meanwhile). The housekeeper sweeps a batch at
+        a time, its timers and the lease's renewal in between: thousands of sessions expiring
+        at once took it tens of seconds, long enough for a healthy instance's lease to lapse."""
         if not self.ttl:
-            return []
+            return [], False
         cutoff = (self._clock() if now is None else now) - self.ttl
         store = self.store
         if isinstance(store, DurableStore):
             try:
-                candidates = ask_store(lambda: store.expired_ids(cutoff))
+                candidates = ask_store(lambda: store.expired_ids(cutoff, limit))
             except ServerUnavailable as exc:
                 log.warning("TTL sweep: %s", exc.detail)
-                return []
+                return [], False
         else:
-            candidates = [session.session_id for session in self._all() if session.touched <= cutoff]
+            old = sorted((s for s in self._all() if s.touched <= cutoff), key=lambda s: s.touched)
+            candidates = [session.session_id for session in old[:limit]]
+        more = limit is not None and len(candidates) >= limit
         removed: list[str] = []
 
         def expire(session: Session, after: After) -> None:
@@ -274,7 +283,7 @@ class Turns(Queries, TimedMoves, Machine):
                 continue  # deleted meanwhile
             except ServerUnavailable as exc:
                 log.warning("TTL sweep could not delete session %s: %s", session_id, exc.detail)
-        return removed
+        return removed, more
 
     def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:
         """Forget a remembered approval. A turn already running keeps the grants it started

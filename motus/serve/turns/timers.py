@@ -52,6 +52,12 @@ PARK_SETTLE_SECONDS = 0.1
 #: A turn that could not be parked yet (a call in flight, its worker had more to say) is
 #: looked at again after this.
 PARK_RETRY_SECONDS = 0.5
+#: The TTL sweep removes this many sessions at most between two looks at the timers.
+SWEEP_BATCH = 100
+#: How often the housekeeper trims the session cache, and how many sessions it looks at
+#: each time (a request's trim looks at ``machine.TRIM_LOOK``).
+TRIM_EVERY_SECONDS = 1.0
+TRIM_EVERY_LOOK = 1024
 #: A worker message the store refused is tried again this often, and for this long.
 STORE_RETRY_SECONDS = 0.5
 STORE_GIVE_UP_SECONDS = 60.0
@@ -80,7 +86,10 @@ class Timers:
 
     def run(self, fire: Callable[[str, Turn, int], None], every: list[tuple[float | None, Callable[[], None]]]) -> None:
         """The housekeeping thread: fire each timer when due, and each ``(period, action)``
-        of ``every`` once a period (None: never), until the machine stops."""
+        of ``every`` once a period (None: never), until the machine stops. An action that
+        returns True did one batch of a longer job: it runs again as soon as the timers due
+        by then have fired (and the other actions due), not a whole period later, so that no
+        job holds the thread for long."""
         ticks = [time.monotonic() + period if period else None for period, _ in every]
         while True:
             due: list[tuple[str, Turn, int]] = []
@@ -107,7 +116,8 @@ class Timers:
                 tick = ticks[index]
                 if tick is not None and time.monotonic() >= tick:
                     ticks[index] = time.monotonic() + (period or 1.0)
-                    action()
+                    if action():
+                        ticks[index] = time.monotonic()
 
 
 class TimedMoves:
@@ -117,7 +127,11 @@ class TimedMoves:
         # Shared stores: the lease is renewed (and lapsed ones' turns taken over) three
         # times a lease, so one missed renewal never lets it lapse.
         sweep_every = min(max(self.ttl / 4, 0.05), 5.0) if self.ttl else None
-        self.timers.run(self._fire, [(self.replicas.lease_every, self.replicas.renew), (sweep_every, self._sweep_now)])
+        self.timers.run(self._fire, [
+            (self.replicas.lease_every, self.replicas.renew),
+            (sweep_every, self._sweep_now),
+            (TRIM_EVERY_SECONDS if self._cache_limit else None, self._trim_now),
+        ])
 
     def _fire(self: Machine, kind: str, turn: Turn, arg: int) -> None:
         if kind == "timeout":
@@ -129,14 +143,26 @@ class TimedMoves:
         else:
             self._park(turn, now=kind == "park now")
 
-    def _sweep_now(self: Machine) -> None:
+    def _sweep_now(self: Machine) -> bool:
+        """One batch of the TTL sweep (``SWEEP_BATCH`` sessions); True while there may be
+        more. The whole sweep's count is logged once it ends (``_swept``: this thread's)."""
         try:
-            removed = self.sweep()
+            removed, more = self.sweep_batch(limit=SWEEP_BATCH)
         except Exception:
             log.exception("TTL sweep failed")
-        else:
-            if removed:
-                log.info("TTL sweep removed %d idle or errored sessions", len(removed))
+            removed, more = [], False
+        self._swept += len(removed)
+        if not more:
+            if self._swept:
+                log.info("TTL sweep removed %d idle or errored sessions", self._swept)
+            self._swept = 0
+        return more
+
+    def _trim_now(self: Machine) -> bool:
+        """Bring the session cache back to its size when nothing reads from the store (a
+        trim otherwise follows such a read): after a burst thousands of sessions whose turns
+        have ended stay held. True while it forgot some and the cache is still over."""
+        return self._trim(TRIM_EVERY_LOOK)
 
     def _time_out(self: Machine, turn: Turn) -> None:
         session = self._lookup(turn.session_id)

@@ -15,7 +15,9 @@ outlives it (the autouse ``no_leaks`` fixture fails tests that leak threads).
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +40,7 @@ from motus.serve.pool import Handle
 from motus.serve.journal import pack, unpack
 from motus.serve.protocol import STEP, TOOL, Ack, Failure, Interrupt, JournalEntry, Record, Result, Resume
 from motus.serve.store import MemoryStore, SessionRecord, Store, store_from_url
+from motus.serve.turns import timers
 from motus.serve.turns import (
     _MOVES,
     CANCELLED,
@@ -592,6 +595,66 @@ def test_ttl_counts_from_the_last_write(make_turns: MakeTurns) -> None:
     assert turns.sweep(now=clock()) == []
     frozen.tick(2)
     assert turns.sweep(now=clock()) == [sid]
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_the_housekeeper_sweeps_a_batch_at_a_time_oldest_first_and_logs_the_whole_sweep_once(
+    make_turns: MakeTurns, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """Thousands of sessions expiring at once took the housekeeping thread tens of seconds in
+    one sweep, and nothing else it does (a shared store's lease, parking, timeouts) ran
+    meanwhile: a healthy instance's lease lapsed and its turns were taken over."""
+    monkeypatch.setattr(timers, "SWEEP_BATCH", 2)
+    frozen, clock = frozen_clock()
+    store = store_from_url(f"sqlite:///{tmp_path}/s.sqlite3") if durable else None
+    if store is not None:
+        store.open()
+    try:
+        turns, _ = make_turns(ttl=60, clock=clock, store=store)
+        made = []
+        for _ in range(5):
+            made.append(turns.create().session_id)
+            frozen.tick(1)
+        frozen.tick(60)
+        caplog.set_level(logging.INFO, logger=timers.__name__)
+        batches = []
+        while True:
+            before = {view.session_id for view in turns.list()}
+            more = turns._sweep_now()
+            batches.append(sorted(before - {view.session_id for view in turns.list()}, key=made.index))
+            if not more:
+                break
+        assert batches == [made[0:2], made[2:4], made[4:5]]
+        assert [r.getMessage() for r in caplog.records if "TTL sweep" in r.getMessage()] == ["TTL sweep removed 5 idle or errored sessions"]
+    finally:
+        if store is not None:
+            turns.shutdown(0)
+            store.close()
+
+
+def test_a_housekeeping_job_done_in_batches_lets_the_timers_due_fire_between_them() -> None:
+    """``Timers.run``: an action that returns True has more to do; it runs again, but only
+    after the timers due by then have fired."""
+    done = threading.Event()
+    timers_ = timers.Timers(time.time, done.is_set)
+    order: list[str] = []
+    turn = object()
+
+    def job() -> bool:
+        order.append("batch")
+        if len(order) == 1:
+            timers_.schedule(time.time(), "timeout", turn)  # due now, while the job has more to do
+            return True
+        if len(order) >= 5:
+            done.set()
+            return False
+        return True
+
+    thread = threading.Thread(target=timers_.run, args=(lambda kind, t, arg: order.append(kind), [(0.01, job)]))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert order[:3] == ["batch", "timeout", "batch"] and order.count("timeout") == 1
 
 
 def test_no_ttl_sweeps_nothing(make_turns: MakeTurns) -> None:

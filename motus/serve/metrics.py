@@ -269,6 +269,11 @@ class _StateCollector:
         counts = turns.counts()
         pending, parked = turns.interrupt_counts()
         yield _gauge(GaugeMetricFamily, "motus_sessions", "Sessions held by the server.", len(turns))
+        yield _gauge(
+            GaugeMetricFamily, "motus_sessions_in_memory",
+            "Sessions held in memory: with a durable store at most --session-cache beyond those that must stay, the rest read from the store when used.",
+            turns.in_memory(),
+        )
         yield _gauge(GaugeMetricFamily, "motus_turns_live", "Turns not ended whose process is alive or about to be (queued, running, waiting, resuming).", counts["live_turns"])
         yield _gauge(GaugeMetricFamily, "motus_turns_parked", "Turns waiting on a person whose process was ended (--park-after); a resume replays them.", counts["parked_turns"])
         yield _gauge(GaugeMetricFamily, "motus_interrupts_pending", "Interrupts waiting on a person now (parked ones included).", pending)

@@ -261,6 +261,11 @@ class Queries:
         """One session as ``list`` shows it."""
         return self._read(session_id, _summary)
 
+    def in_memory(self: Machine) -> int:
+        """Sessions held in memory now (with a durable store: the cache, ``_trim``)."""
+        with self._registry:
+            return len(self._sessions)
+
     def counts(self: Machine) -> dict[str, int]:
         """This instance's live turns (each held in memory) and parked ones. With one
         process and a durable store, every interrupted session of the store is parked but

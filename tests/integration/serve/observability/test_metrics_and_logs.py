@@ -266,6 +266,24 @@ def test_each_server_counts_apart() -> None:
         second.shutdown()
 
 
+def test_the_sessions_held_in_memory_are_counted_apart_from_those_in_the_store(start_server, tmp_path) -> None:
+    """With ``--session-cache 1`` the store has every session and memory one; one waiting on
+    a person with its process must stay in memory too, beyond the cache."""
+    server = start_server(
+        "tests.agents:dispatch", "--workers", "2", "--store", f"sqlite:///{tmp_path / 'store.sqlite3'}",
+        "--session-cache", "1", "--park-after", "never",
+    )
+    scrape = Scraper(server.url + "/metrics")
+    waiting = server.create_session()
+    server.send(waiting, "approval x")
+    server.wait_for_status(waiting, "interrupted")
+    for _ in range(3):
+        server.create_session()
+    samples = scrape()
+    assert value(samples, "motus_sessions") == 4
+    assert value(samples, "motus_sessions_in_memory") == 2  # the waiting one, and the newest
+
+
 def test_parked_interrupts_and_failed_turns_are_counted(start_server, tmp_path) -> None:
     server = start_server(
         "tests.agents:dispatch", "--workers", "2", "--store", f"sqlite:///{tmp_path / 'store.sqlite3'}", "--park-after", "0",

@@ -24,7 +24,9 @@ does:
 Reported per phase: how many clients got there, when the last did (from the phase's start),
 p50/p99 of each client's time, the requests sent (a client that spins sends many), the 503s,
 anything else that went wrong, and the server tree's peak memory (sum of USS, sampled every
-0.5 s) with ``/health``'s live and parked turns at the end of the phase.
+0.5 s) with ``/health``'s live and parked turns at the end of the phase, and the sessions
+held in memory (``motus_sessions_in_memory``; after the approvals, how long until they are
+back to 2,000, the default ``--session-cache``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +173,15 @@ async def run_phase(port: int, conns: list[Connection], sids: list[str], phase: 
     return tally
 
 
+def in_memory(served: Served) -> int:
+    """``motus_sessions_in_memory`` from ``/metrics`` (-1 on a server without it)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("motus_sessions_in_memory "):
+                return int(float(line.split()[1]))
+    return -1
+
+
 class Peak(threading.Thread):
     """The server tree's largest memory (sum of USS) while a phase runs."""
 
@@ -215,6 +227,14 @@ def measure(root: Path, label: str, clients: int, approve: bool, args: list[str]
                 top = peak.stop()
                 procs = peak.processes
                 health = served.health()
+                held = in_memory(served)
+                settled = None
+                if held > 0 and phase == "approve":  # every turn ended: how soon the cache is back to its size
+                    began = time.perf_counter()
+                    while held > 2000 and time.perf_counter() - began < 60:
+                        time.sleep(0.2)
+                        held = in_memory(served)
+                    settled = time.perf_counter() - began
                 for kind, text in tally.said.items():
                     print(f"  [{label}, {phase}] first {kind}: {text}")
                 rows.append({
@@ -222,6 +242,7 @@ def measure(root: Path, label: str, clients: int, approve: bool, args: list[str]
                     "p50": pct(tally.took, 0.5) if tally.took else None, "p99": pct(tally.took, 0.99) if tally.took else None,
                     "requests": tally.requests, "refused": dict(tally.refusals), "failures": dict(tally.failures),
                     "peak MiB": max(top - idle, 0) / 2**20, "processes": procs, "live": health.get("live_turns"), "parked": health.get("parked_turns"),
+                    "in memory": held, "settled": settled,
                 })
         finally:
             for conn in conns:
@@ -254,12 +275,13 @@ def main() -> None:
     print(f"\n### {opts.clients:,} clients at once, each one message and long polls for its answer\n")
     table(
         ("checkout", "phase", "clients done", "last done", "p50 / p99", "requests (a client)", "refused",
-         "failures", "tree peak over idle (processes)", "live / parked after"),
+         "failures", "tree peak over idle (processes)", "live / parked after", "sessions in memory after"),
         [(
             r["label"], r["phase"], f"{r['done']:,}", s(r["wall"]), f"{s(r['p50'])} / {s(r['p99'])}",
             f"{r['requests']:,} ({r['requests'] / opts.clients:.1f})", "; ".join(f"{k} x{v}" for k, v in r["refused"].items()) or "none",
             "; ".join(f"{k} x{v}" for k, v in r["failures"].items()) or "none",
             f"{r['peak MiB']:.0f} MiB ({r['processes']})", f"{r['live']} / {r['parked']}",
+            "-" if r["in memory"] < 0 else f"{r['in memory']:,}" + ("" if r["settled"] is None else f" (after {r['settled']:.1f} s)"),
         ) for r in rows],
     )
 

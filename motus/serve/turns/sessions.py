@@ -244,8 +244,8 @@ class Turns(Queries, TimedMoves, Machine):
         return self.sweep_batch(now)[0]
 
     def sweep_batch(self, now: float | None = None, limit: int | None = None) -> tuple[list[str], bool]:
-        """``sweep`` of at most ``limit`` candidates, the oldest first; with whether there
-        may be more. The candidates are the store's (durable) or the memory's; each is
+        """``sweep`` of at most ``limit`` candidates, the oldest first; with whether to go
+        on at once (a full batch, some of it removed). The candidates are the store's (durable) or the memory's; each is
         looked at again under its lock on its current row, as any change is (another
         instance may have written or swept it meanwhile). The housekeeper sweeps a batch at
         a time, its timers and the lease's renewal in between: thousands of sessions expiring
@@ -263,7 +263,6 @@ class Turns(Queries, TimedMoves, Machine):
         else:
             old = sorted((s for s in self._all() if s.touched <= cutoff), key=lambda s: s.touched)
             candidates = [session.session_id for session in old[:limit]]
-        more = limit is not None and len(candidates) >= limit
         removed: list[str] = []
 
         def expire(session: Session, after: After) -> None:
@@ -283,7 +282,9 @@ class Turns(Queries, TimedMoves, Machine):
                 continue  # deleted meanwhile
             except ServerUnavailable as exc:
                 log.warning("TTL sweep could not delete session %s: %s", session_id, exc.detail)
-        return removed, more
+        # More only when this batch removed some: a batch the store refused whole (it is
+        # away) waits for the next period rather than being tried again at once.
+        return removed, limit is not None and len(candidates) >= limit and bool(removed)
 
     def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:
         """Forget a remembered approval. A turn already running keeps the grants it started

@@ -84,7 +84,7 @@ class Timers:
         with self.lock:
             self.lock.notify_all()
 
-    def run(self, fire: Callable[[str, Turn, int], None], every: list[tuple[float | None, Callable[[], None]]]) -> None:
+    def run(self, fire: Callable[[str, Turn, int], None], every: list[tuple[float | None, Callable[[], object]]]) -> None:
         """The housekeeping thread: fire each timer when due, and each ``(period, action)``
         of ``every`` once a period (None: never), until the machine stops. An action that
         returns True did one batch of a longer job: it runs again as soon as the timers due

@@ -632,6 +632,23 @@ def test_the_housekeeper_sweeps_a_batch_at_a_time_oldest_first_and_logs_the_whol
             store.close()
 
 
+def test_a_sweep_batch_the_store_refuses_whole_waits_for_the_next_period(make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the store away every delete fails and the same oldest sessions come first
+    again: going on at once would spin the housekeeper, a warning a session each time."""
+    monkeypatch.setattr(timers, "SWEEP_BATCH", 2)
+    frozen, clock = frozen_clock()
+    store = FailingStore()
+    turns, _ = make_turns(ttl=60, clock=clock, store=store)
+    for _ in range(3):
+        turns.create()
+    frozen.tick(61)
+    store.failing = True
+    assert turns._sweep_now() is False and len(turns) == 3
+    store.failing = False
+    assert turns._sweep_now() is True and len(turns) == 1
+    assert turns._sweep_now() is False and len(turns) == 0
+
+
 def test_a_housekeeping_job_done_in_batches_lets_the_timers_due_fire_between_them() -> None:
     """``Timers.run``: an action that returns True has more to do; it runs again, but only
     after the timers due by then have fired."""

@@ -593,7 +593,7 @@ def inbox() -> Response:
     def render(found: list[Any], counts: Any) -> tuple[bytes, int]:
         return inbox_text(found, turns.shown_payload, turns.quorum_state, _compact_json, limit, counts), len(found)
 
-    text, total = turns.inbox_answer(kind, limit, render)
+    text, total = turns.inbox_answer(kind, limit, render, size=lambda answer: len(answer[0]))
     response = current_app.response_class(text, mimetype=current_app.json.mimetype)  # type: ignore[attr-defined]
     response.headers["X-Total-Count"] = str(total)  # with ?limit, how many wait in all
     return response

@@ -40,8 +40,13 @@ T = TypeVar("T")
 
 #: Inboxes of one type kept (one per ``?type=`` asked) until the inbox's next change.
 INBOX_CACHE_KINDS = 16
-#: Answers kept with one inbox (one per type and limit asked) until its next change.
+#: Answers kept with one inbox (one per type and limit asked) until its next change, and
+#: the bytes they may hold in all: the answers worth keeping are those many readers wait
+#: for at once (an approver's poll, an Inbox view's first page); a whole inbox of 50,000
+#: is ~35 MB, and keeping it and its type's beside the entries they were joined from took
+#: a server with 100,000 sessions past 250 MiB.
 INBOX_ANSWERS_KEPT = 8
+INBOX_ANSWER_BYTES = 4 << 20
 #: A kept inbox is patched when at most this many sessions changed since it was read, and
 #: read whole again past it (a read of that many sessions costs about as much).
 INBOX_PATCH_MOST = 512
@@ -71,6 +76,8 @@ class InboxCache:
     #: (``position`` of ``of``). Two readers may make a type's list at once; each uses only
     #: the counts of its own.
     counts: dict[str | None, tuple[list[Any], dict[str, int]]] = field(default_factory=dict)
+    #: What ``answers`` hold, as their ``size`` said (within ``INBOX_ANSWER_BYTES``).
+    answer_bytes: int = 0
 
 
 class Queries:
@@ -131,13 +138,18 @@ class Queries:
         return list(self._kept_inbox(kind)[1])
 
     def inbox_answer(
-        self: Machine, kind: str | None, key: Hashable, render: Callable[[list[InboxEntry], Mapping[str, int]], T]
+        self: Machine,
+        kind: str | None,
+        key: Hashable,
+        render: Callable[[list[InboxEntry], Mapping[str, int]], T],
+        size: Callable[[T], int] = lambda answer: 0,
     ) -> T:
         """``render(inbox(kind), counts)``, where ``counts`` says how many items each session
         has in that list; kept with the kept inbox until its next change, under ``key``
-        (what else the answer depends on, such as a limit): the open Inbox views and the
-        approvers' polls woken by one change all read the same answer, made once. ``render``
-        must change neither (the kept ones)."""
+        (what else the answer depends on, such as a limit), while the kept answers' ``size``
+        stays within ``INBOX_ANSWER_BYTES``: the open Inbox views and the approvers' polls
+        woken by one change all read the same answer, made once. ``render`` must change
+        neither (the kept ones)."""
         cache, found = self._kept_inbox(kind)
         memo = (kind, key)
         answer = cache.answers.get(memo)
@@ -149,8 +161,11 @@ class Queries:
                 counts = Counter(entry.session_id for entry in found)
                 cache.counts[kind] = (found, counts)
             answer = render(found, counts)
-            if len(cache.answers) < INBOX_ANSWERS_KEPT:  # keys come from clients' queries
+            weight = size(answer)
+            # Keys come from clients' queries: bounded in number and in bytes.
+            if len(cache.answers) < INBOX_ANSWERS_KEPT and cache.answer_bytes + weight <= INBOX_ANSWER_BYTES:
                 cache.answers[memo] = answer
+                cache.answer_bytes += weight
         return answer  # type: ignore[no-any-return]
 
     def _kept_inbox(self: Machine, kind: str | None) -> tuple[InboxCache, list[InboxEntry]]:
@@ -177,7 +192,7 @@ class Queries:
                     found = self._read_inbox(kind)
                 kinds = {} if len(cache.kinds) >= INBOX_CACHE_KINDS else dict(cache.kinds)  # types come from clients' queries
                 kinds[kind] = found
-                cache = InboxCache(label, cache.whole, kinds, cache.answers, cache.counts)  # the lists it had are the same
+                cache = InboxCache(label, cache.whole, kinds, cache.answers, cache.counts, cache.answer_bytes)  # the lists it had are the same
         self._inbox_cache = cache
         return cache, found
 

@@ -27,7 +27,7 @@ from motus.durable.records import MODEL, Interrupt, JournalEntry, Record, Result
 from motus.serve.events import ALL, INBOX_CHANGES_KEPT, Events
 from motus.serve.store import MemoryStore, Store, store_from_url
 from motus.serve.store.sqlite import SqliteStore
-from motus.serve.turns import Turns
+from motus.serve.turns import Turns, queries
 from tests.unit.serve.test_turns import MESSAGE, REPLY, MakeTurns, RecordingPool, make_turns  # noqa: F401
 
 QUESTION = {"type": "user_input", "question": "Which colour?"}
@@ -236,6 +236,31 @@ def test_an_answer_is_made_once_a_change_for_every_reader(store: Store, make_tur
     for limit in range(20):  # keys from clients' queries: a few answers are kept, the others made each time
         turns.inbox_answer(None, limit + 2, render(None, limit + 2))
     assert len(turns._inbox_cache.answers) <= 8  # noqa: SLF001
+
+
+def test_the_answers_kept_hold_a_bounded_number_of_bytes(store: Store, make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole inbox of 50,000 is ~35 MB of text; kept with its type's beside the entries
+    they were joined from, it took a server with 100,000 sessions past 250 MiB. An answer
+    past the budget is made for each reader; small ones are still made once a change."""
+    monkeypatch.setattr(queries, "INBOX_ANSWER_BYTES", 100)
+    turns, pool = make_turns(store=store)
+    ask(turns, pool, turns.create().session_id, APPROVAL)
+    made: list[int] = []
+
+    def render(size: int):  # noqa: ANN202
+        def made_now(found: list, counts: dict) -> bytes:
+            made.append(size)
+            return b"x" * size
+        return made_now
+
+    for _ in range(2):
+        turns.inbox_answer(None, "big", render(150), size=len)
+    assert made == [150, 150]  # past the budget: made for each reader
+    for _ in range(2):
+        turns.inbox_answer(None, "small", render(60), size=len)
+        turns.inbox_answer(None, "another", render(60), size=len)
+    assert made == [150, 150, 60, 60, 60]  # the first fits, the second would not
+    assert turns._inbox_cache.answer_bytes == 60  # noqa: SLF001
 
 
 def test_an_interrupt_answered_before_its_coming_was_announced_is_not_kept(

@@ -20,6 +20,7 @@ replaces a newer cache with an older one only makes the next reader patch again.
 from __future__ import annotations
 
 import bisect
+import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,8 +77,11 @@ class InboxCache:
     #: (``position`` of ``of``). Two readers may make a type's list at once; each uses only
     #: the counts of its own.
     counts: dict[str | None, tuple[list[Any], dict[str, int]]] = field(default_factory=dict)
-    #: What ``answers`` hold, as their ``size`` said (within ``INBOX_ANSWER_BYTES``).
-    answer_bytes: int = 0
+    #: What ``answers`` hold, as their ``size`` said (within ``INBOX_ANSWER_BYTES``): one
+    #: count, shared (as ``answers`` is) by the caches a new type's list is added to, and
+    #: changed with ``answers`` under ``lock``.
+    answer_bytes: list[int] = field(default_factory=lambda: [0])
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Queries:
@@ -122,7 +126,8 @@ class Queries:
 
     def audit(self: Machine, session_id: str) -> list[AuditRecord]:
         self.get(session_id)  # 404 for an unknown session
-        return self.store.audit(session_id)
+        store = self.store
+        return ask_store(lambda: store.audit(session_id))  # a 503 that says when to ask again
 
     def inbox(self: Machine, kind: str | None = None) -> list[InboxEntry]:
         """Every pending interrupt of every session (of type ``kind``), oldest first, each
@@ -163,9 +168,10 @@ class Queries:
             answer = render(found, counts)
             weight = size(answer)
             # Keys come from clients' queries: bounded in number and in bytes.
-            if len(cache.answers) < INBOX_ANSWERS_KEPT and cache.answer_bytes + weight <= INBOX_ANSWER_BYTES:
-                cache.answers[memo] = answer
-                cache.answer_bytes += weight
+            with cache.lock:
+                if len(cache.answers) < INBOX_ANSWERS_KEPT and cache.answer_bytes[0] + weight <= INBOX_ANSWER_BYTES:
+                    cache.answers[memo] = answer
+                    cache.answer_bytes[0] += weight
         return answer  # type: ignore[no-any-return]
 
     def _kept_inbox(self: Machine, kind: str | None) -> tuple[InboxCache, list[InboxEntry]]:
@@ -192,7 +198,7 @@ class Queries:
                     found = self._read_inbox(kind)
                 kinds = {} if len(cache.kinds) >= INBOX_CACHE_KINDS else dict(cache.kinds)  # types come from clients' queries
                 kinds[kind] = found
-                cache = InboxCache(label, cache.whole, kinds, cache.answers, cache.counts, cache.answer_bytes)  # the lists it had are the same
+                cache = InboxCache(label, cache.whole, kinds, cache.answers, cache.counts, cache.answer_bytes, cache.lock)  # the lists it had are the same
         self._inbox_cache = cache
         return cache, found
 

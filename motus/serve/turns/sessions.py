@@ -261,7 +261,10 @@ class Turns(Queries, TimedMoves, Machine):
                 log.warning("TTL sweep: %s", exc.detail)
                 return [], False
         else:
-            old = sorted((s for s in self._all() if s.touched <= cutoff), key=lambda s: s.touched)
+            # What the stores' query takes: a session waiting on a person or running never
+            # expires, and a batch of them first would stop the sweep before the idle ones.
+            ended = (SessionStatus.IDLE, SessionStatus.ERROR)
+            old = sorted((s for s in self._all() if s.touched <= cutoff and s.status in ended), key=lambda s: s.touched)
             candidates = [session.session_id for session in old[:limit]]
         removed: list[str] = []
 
@@ -281,9 +284,12 @@ class Turns(Queries, TimedMoves, Machine):
             except SessionNotFound:
                 continue  # deleted meanwhile
             except ServerUnavailable as exc:
+                # The store is away or locked (each write waited for it): the rest of this
+                # sweep waits for the next period, rather than each waiting in turn.
                 log.warning("TTL sweep could not delete session %s: %s", session_id, exc.detail)
-        # More only when this batch removed some: a batch the store refused whole (it is
-        # away) waits for the next period rather than being tried again at once.
+                return removed, False
+        # More only when this batch removed some: one whose sessions all changed meanwhile
+        # (or were deleted) waits for the next period rather than being looked at again.
         return removed, limit is not None and len(candidates) >= limit and bool(removed)
 
     def revoke(self, session_id: str, tool_name: str, by: str = ANONYMOUS) -> None:

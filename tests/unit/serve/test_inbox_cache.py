@@ -260,7 +260,28 @@ def test_the_answers_kept_hold_a_bounded_number_of_bytes(store: Store, make_turn
         turns.inbox_answer(None, "small", render(60), size=len)
         turns.inbox_answer(None, "another", render(60), size=len)
     assert made == [150, 150, 60, 60, 60]  # the first fits, the second would not
-    assert turns._inbox_cache.answer_bytes == 60  # noqa: SLF001
+    assert turns._inbox_cache.answer_bytes == [60]  # noqa: SLF001
+
+
+def test_the_byte_budget_holds_when_a_type_is_asked_while_an_answer_is_made(
+    store: Store, make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack: a type asked for the first time makes a new kept inbox that shares
+    the answers with the old one. An answer still being made on the old one (another thread)
+    was counted there only, and the new one took more past the budget. (The second request
+    is made inside the first one's render, to get that interleaving.)"""
+    monkeypatch.setattr(queries, "INBOX_ANSWER_BYTES", 100)
+    turns, pool = make_turns(store=store)
+    ask(turns, pool, turns.create().session_id, APPROVAL)
+
+    def first(found: list, counts: dict) -> bytes:
+        turns.inbox_answer("tool_approval", "second", lambda found, counts: b"b" * 60, size=len)
+        return b"a" * 60
+
+    turns.inbox_answer(None, "first", first, size=len)
+    turns.inbox_answer("tool_approval", "third", lambda found, counts: b"c" * 30, size=len)
+    kept = turns._inbox_cache.answers  # noqa: SLF001
+    assert sum(len(answer) for answer in kept.values()) <= 100, {key: len(answer) for key, answer in kept.items()}
 
 
 def test_an_interrupt_answered_before_its_coming_was_announced_is_not_kept(

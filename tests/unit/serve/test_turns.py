@@ -649,6 +649,52 @@ def test_a_sweep_batch_the_store_refuses_whole_waits_for_the_next_period(make_tu
     assert turns._sweep_now() is False and len(turns) == 0
 
 
+def test_a_batch_of_old_sessions_waiting_on_a_person_does_not_stop_the_sweep_of_idle_ones(
+    make_turns: MakeTurns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack: with the memory store every session touched before the cutoff
+    was a candidate, whatever its status. The oldest batch waiting on people removed
+    nothing, so the sweep stopped there, and idle sessions behind it stayed for ever."""
+    monkeypatch.setattr(timers, "SWEEP_BATCH", 2)
+    frozen, clock = frozen_clock()
+    turns, pool = make_turns(max_workers=4, ttl=60, clock=clock)
+    for name in ("w1", "w2"):
+        interrupted(turns, pool, turns.create().session_id, name)  # waits for approval: never swept
+        frozen.tick(1)
+    idle = {turns.create().session_id for _ in range(3)}
+    frozen.tick(3600)
+    while turns._sweep_now():
+        pass
+    assert not idle & {view.session_id for view in turns.list()}
+
+
+class AuditAway(MemoryStore):
+    """A store whose audit reads fail while ``away`` (the database restarting, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = False
+
+    def audit(self, session_id: str) -> list:  # type: ignore[override]
+        if self.away:
+            raise OSError("could not connect to server: Connection refused")
+        return super().audit(session_id)
+
+
+def test_an_audit_read_the_store_refuses_is_a_503_that_says_when_to_ask_again(make_turns: MakeTurns) -> None:
+    """Found by an attack: the audit read the store bare, so with the store away
+    ``GET /sessions/{id}/audit`` was a 500 where every other read is a 503."""
+    store = AuditAway()
+    turns, _ = make_turns(store=store)
+    sid = turns.create().session_id
+    store.away = True
+    with pytest.raises(ServerUnavailable) as caught:
+        turns.audit(sid)
+    assert caught.value.headers == {"Retry-After": "1"}
+    store.away = False
+    assert turns.audit(sid) == []
+
+
 def test_a_housekeeping_job_done_in_batches_lets_the_timers_due_fire_between_them() -> None:
     """``Timers.run``: an action that returns True has more to do; it runs again, but only
     after the timers due by then have fired."""

@@ -996,7 +996,7 @@ class Machine:
         audit: list[AuditRecord] | tuple[AuditRecord, ...] = (),
     ) -> None:
         self._commit(lambda: self.store.save(record, entries, events, audit))
-        session.version = record.version
+        session.version = session.saved_here = record.version
         session.store_behind = False
 
     def _park_over_budget(self, began: list[Turn]) -> None:

@@ -344,8 +344,10 @@ class SharedReplicas(Replicas):
         have to stop); any other is marked to be read again when next used. Then the
         session's waiters are woken (its long polls, streams and the inbox)."""
         session = self.machine._lookup(session_id)
-        if session is not None and version == session.version and not new_events:
+        if session is not None and version == session.version == session.saved_here and not new_events:
             return  # this instance's own change, already published when it was committed
+        # A copy a request brought to this version by reading the row (``fresh_locked``, on
+        # a read, publishes nothing: the listener is to) still owes its waiters this wake.
         if session is None:
             pass  # not held here: read from the store when used (lists and the inbox ask the store)
         elif version != session.version:

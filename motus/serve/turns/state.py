@@ -286,6 +286,9 @@ class Session:
     version: int = 0
     owner: str | None = None
     stale: bool = False
+    #: Shared stores: the last row version this instance committed itself (and published
+    #: then); a version its copy reached by reading the row again was published by nobody.
+    saved_here: int = 0
     #: The store may show what this copy no longer does: its turn was given up on when the
     #: store failed (ended here, still waiting in the row). Cleared by its next save.
     store_behind: bool = False

@@ -354,3 +354,44 @@ def test_an_orphan_claimed_while_the_store_cannot_be_read_is_adopted_at_the_next
     assert [h.session_id for h in pool.launched] == ["orphan"]
     turns.replicas.renew()  # adopted once: a later renewal leaves it alone
     assert [h.session_id for h in pool.launched] == ["orphan"]
+
+
+def test_a_change_a_request_read_before_the_listener_told_of_it_still_wakes_the_waiters(
+    pg_url: str, postgres: list[Any], make_turns: MakeTurns
+) -> None:
+    """PostgreSQL, found by an attack (a long poll now and then ran its whole 20 s on two
+    instances): A commits a change; on B a request reads the session first, and its version
+    check reads the new row (a read publishes nothing: the listener is to). The listener's
+    notice then came without new events (pulled with an earlier batch) at the version B's
+    copy now had, and was taken for B's own change, already published: B's long polls on
+    the session were never woken."""
+    from motus.serve.store.postgres import PostgresStore
+
+    stores = []
+    for _ in range(2):
+        store = PostgresStore(pg_url)
+        postgres.append(store)
+        store.open()
+        stores.append(store)
+    a, _ = make_turns(store=stores[0], start=False)
+    b, _ = make_turns(store=stores[1], start=False)  # no listener: the test plays it
+    sid = a.create().session_id
+    b.get(sid)  # held on B
+    a.retitle(sid, "changed on A")
+    version = stores[0].version_of(sid)
+    assert b.summary(sid).title == "changed on A"  # a request on B read the new row
+    published: list[str] = []
+    publish = b.events.publish
+
+    def record_publish(session_id: str, *args: Any, **options: Any) -> Any:
+        published.append(session_id)
+        return publish(session_id, *args, **options)
+
+    b.events.publish = record_publish  # type: ignore[method-assign]
+    b.replicas.changed_elsewhere(sid, version, new_events=False)  # the listener's notice, late
+    assert published == [sid]
+    published.clear()
+    b.retitle(sid, "changed on B")  # B's own change, published when committed
+    assert published == [sid]
+    b.replicas.changed_elsewhere(sid, stores[1].version_of(sid), new_events=False)
+    assert published == [sid]  # its notice wakes nobody twice

@@ -53,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.durable_bench import Http, Served, kill_all, report_log, table  # noqa: E402
+from bench.durable_bench import Http, Served, checkouts, kill_all, report_log, table  # noqa: E402
 from bench.serve_bench import ms, pct, tree_cpu  # noqa: E402
 
 AGENT = "bench.agents:approve_once"
@@ -283,7 +283,7 @@ def main() -> None:
                         help="gated cycles over HTTP (default), the SQLite store alone, or a burst of approvals")
     opts = parser.parse_args()
     counts = [int(n) for n in opts.clients.split(",")]
-    roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1] if ":" in r else Path(r).name) for r in opts.root] or [(ROOT, "this")]
+    roots = checkouts(opts.root)
     stores = opts.stores.split(",")
     if opts.only == "approvals":
         print(f"concurrency_bench --only approvals: {os.cpu_count()} CPUs, 500 pending, then 100 across a kill -9")

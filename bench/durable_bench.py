@@ -317,6 +317,19 @@ def _role(proc: psutil.Process, arbiter: int) -> str:
     return cmd[:40]
 
 
+def checkouts(given: list[str], this: str = "this") -> list[tuple[Path, str]]:
+    """The ``--root PATH[:LABEL]`` options of a bench that compares checkouts: each a folder
+    and its label (the folder's name when none is given), or this checkout alone, labelled
+    ``this``, when none is given."""
+    roots = []
+    for value in given:
+        path, sep, label = value.rpartition(":")
+        if not sep:
+            path, label = value, Path(value).resolve().name
+        roots.append((Path(path).resolve(), label))
+    return roots or [(ROOT, this)]
+
+
 def kill_all() -> None:
     for served in list(_SERVERS):
         try:

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.durable_bench import Http, Served, kill_all, table  # noqa: E402
+from bench.durable_bench import Http, Served, checkouts, kill_all, table  # noqa: E402
 from bench.concurrency_bench import PHASES, cycle, run_for  # noqa: E402
 from bench.sessions_bench import fill, fill_store  # noqa: E402
 
@@ -191,7 +191,7 @@ def main() -> None:
                         help="sqlite: one server; postgres: two instances on a throwaway cluster, each client and watcher on one")
     parser.add_argument("--root", action="append", default=[], help="PATH:LABEL of a checkout (repeatable); default this one")
     args = parser.parse_args()
-    roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1]) for r in args.root] or [(ROOT, "this")]
+    roots = checkouts(args.root)
     rows = []
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         tmp = Path(folder)

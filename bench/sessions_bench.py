@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.durable_bench import Http, Served, kill_all, mib, table  # noqa: E402
+from bench.durable_bench import Http, Served, checkouts, kill_all, mib, table  # noqa: E402
 
 AGENT = "bench.agents:approve_once"
 
@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--root", action="append", default=[], help="PATH:LABEL of a checkout (repeatable); default this one")
     args = parser.parse_args()
-    roots = [(Path(r.split(":")[0]).resolve(), r.split(":")[1]) for r in args.root] or [(ROOT, "this")]
+    roots = checkouts(args.root)
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         filled = tmp / "filled.db"

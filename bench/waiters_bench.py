@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.durable_bench import Clients, Http, Served, kill_all, report_log, table  # noqa: E402
+from bench.durable_bench import Clients, Http, Served, checkouts, kill_all, report_log, table  # noqa: E402
 from bench.serve_bench import pct  # noqa: E402
 
 AGENT = "bench.agents:waiters"
@@ -253,7 +253,7 @@ def main() -> None:
     parser.add_argument("--echo", type=int, default=30)
     parser.add_argument("--root", action="append", default=[], help="PATH:LABEL of a checkout (repeat; default: this one)")
     opts = parser.parse_args()
-    roots = [(Path(r.rsplit(":", 1)[0]).resolve(), r.rsplit(":", 1)[1]) for r in opts.root] or [(ROOT, "this checkout")]
+    roots = checkouts(opts.root, "this checkout")
     rows = []
     try:
         for root, label in roots:

@@ -707,7 +707,7 @@ class Machine:
             turn.journal[entry.seq] = entry
             # (A record applied from the backlog after its process ended has no one to tell.)
             if message.ack and handle is not None:
-                after.sends.append((handle, Ack(message.entry.seq)))
+                after.sends.append((handle, Ack(entry.seq)))
         elif isinstance(message, Result):
             state, kept = resulting_state(handle.job.state, message)
             # The store holds the session's state as it was when the job was made, so the

@@ -32,10 +32,12 @@ shuts down; the housekeeping thread sweeps. Lock order is the machine's.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
 import uuid
+from operator import attrgetter
 from typing import Any
 
 from motus.api.titles import first_title
@@ -264,8 +266,10 @@ class Turns(Queries, TimedMoves, Machine):
             # What the stores' query takes: a session waiting on a person or running never
             # expires, and a batch of them first would stop the sweep before the idle ones.
             ended = (SessionStatus.IDLE, SessionStatus.ERROR)
-            old = sorted((s for s in self._all() if s.touched <= cutoff and s.status in ended), key=lambda s: s.touched)
-            candidates = [session.session_id for session in old[:limit]]
+            expired = (s for s in self._all() if s.touched <= cutoff and s.status in ended)
+            touched = attrgetter("touched")
+            old = sorted(expired, key=touched) if limit is None else heapq.nsmallest(limit, expired, key=touched)
+            candidates = [session.session_id for session in old]
         removed: list[str] = []
 
         def expire(session: Session, after: After) -> None:

@@ -246,6 +246,7 @@ def measure(root: Path, label: str, clients: int, approve: bool, args: list[str]
                         time.sleep(0.2)
                         held = in_memory(served)
                     settled = time.perf_counter() - began
+                after = served.memory()["uss"]  # what the burst left behind, once settled
                 for kind, text in tally.said.items():
                     print(f"  [{label}, {phase}] first {kind}: {text}")
                 rows.append({
@@ -253,7 +254,7 @@ def measure(root: Path, label: str, clients: int, approve: bool, args: list[str]
                     "p50": pct(tally.took, 0.5) if tally.took else None, "p99": pct(tally.took, 0.99) if tally.took else None,
                     "requests": tally.requests, "refused": dict(tally.refusals), "failures": dict(tally.failures),
                     "peak MiB": max(top - idle, 0) / 2**20, "processes": procs, "live": health.get("live_turns"), "parked": health.get("parked_turns"),
-                    "in memory": held, "settled": settled,
+                    "in memory": held, "settled": settled, "after MiB": max(after - idle, 0) / 2**20,
                 })
         finally:
             for conn in conns:
@@ -286,12 +287,12 @@ def main() -> None:
     print(f"\n### {opts.clients:,} clients at once, each one message and long polls for its answer\n")
     table(
         ("checkout", "phase", "clients done", "last done", "p50 / p99", "requests (a client)", "refused",
-         "failures", "tree peak over idle (processes)", "live / parked after", "sessions in memory after"),
+         "failures", "tree peak over idle (processes)", "tree over idle after", "live / parked after", "sessions in memory after"),
         [(
             r["label"], r["phase"], f"{r['done']:,}", s(r["wall"]), f"{s(r['p50'])} / {s(r['p99'])}",
             f"{r['requests']:,} ({r['requests'] / opts.clients:.1f})", "; ".join(f"{k} x{v}" for k, v in r["refused"].items()) or "none",
             "; ".join(f"{k} x{v}" for k, v in r["failures"].items()) or "none",
-            f"{r['peak MiB']:.0f} MiB ({r['processes']})", f"{r['live']} / {r['parked']}",
+            f"{r['peak MiB']:.0f} MiB ({r['processes']})", f"{r['after MiB']:.0f} MiB", f"{r['live']} / {r['parked']}",
             "-" if r["in memory"] < 0 else f"{r['in memory']:,}" + ("" if r["settled"] is None else f" (after {r['settled']:.1f} s)"),
         ) for r in rows],
     )

@@ -26,7 +26,10 @@ but a SQLite file of its own (``python -m motus serve start bench.agents:waiters
    The other question polls are woken by none of these (an approval is not a question).
 5. Wake latency of a broadcast: one session is sent ``question``; every question poll is
    answered with it; the figure per poll is from the agent's stamp to its answer read here,
-   reported as p50/p99/max over all of them.
+   reported as p50/p99/max over all of them. Beside it, the same from the stamp to when
+   this machine's kernel received the answer's first bytes (``SO_TIMESTAMPNS`` on each poll's
+   socket): what this process's one reading thread adds (it is behind while thousands of
+   answers arrive at once) is not in that one; what its CPU takes from the server's is.
 
 Timestamps compare ``time.time()`` of two processes on one machine: they share the clock.
 This process and the server share the two cores: reading 10,000 sockets costs CPU here too.
@@ -38,6 +41,7 @@ import argparse
 import json
 import selectors
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -52,13 +56,15 @@ from bench.durable_bench import Clients, Http, Served, checkouts, kill_all, repo
 from bench.serve_bench import pct  # noqa: E402
 
 AGENT = "bench.agents:waiters"
+#: ``SO_TIMESTAMPNS`` (Linux): each read also returns when the kernel received the data.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 POLL = "/interrupts?type=user_input&wait=true&timeout=280"
 
 
 class Waiter:
     """One waiting connection, read by the ``Readers`` thread."""
 
-    __slots__ = ("sock", "kind", "sid", "buf", "status", "answered_at", "eof", "marks")
+    __slots__ = ("sock", "kind", "sid", "buf", "status", "answered_at", "arrived_at", "eof", "marks")
 
     def __init__(self, sock: socket.socket, kind: str, sid: str | None) -> None:
         self.sock = sock
@@ -67,6 +73,7 @@ class Waiter:
         self.buf = bytearray()
         self.status: int | None = None
         self.answered_at: float | None = None  # a poll: when its whole answer was read
+        self.arrived_at: float | None = None  # a poll: when the kernel received its first bytes
         self.eof = False
         self.marks: dict[bytes, float] = {}  # a stream: when each awaited marker came
 
@@ -86,6 +93,8 @@ class Readers:
     def open(self, port: int, path: str, kind: str, sid: str | None) -> Waiter:
         sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        if kind == "poll":
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         sock.setblocking(False)
         waiter = Waiter(sock, kind, sid)
         with self.lock:
@@ -107,7 +116,12 @@ class Readers:
             for key, _ in ready:
                 waiter: Waiter = key.data
                 try:
-                    data = waiter.sock.recv(65536)
+                    if waiter.kind == "poll":
+                        data, ancillary, _, _ = waiter.sock.recvmsg(65536, 64)
+                        if data and waiter.arrived_at is None:
+                            waiter.arrived_at = kernel_time(ancillary)
+                    else:
+                        data = waiter.sock.recv(65536)
                 except BlockingIOError:
                     continue
                 except OSError:
@@ -136,6 +150,15 @@ class Readers:
         for waiter in self.waiters:
             waiter.sock.close()
         self.selector.close()
+
+
+def kernel_time(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    """The ``SCM_TIMESTAMPNS`` of a ``recvmsg`` (a ``struct timespec``), as ``time.time()``."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            seconds, nanoseconds = struct.unpack("qq", data[:16])
+            return seconds + nanoseconds / 1e9
+    return None
 
 
 def complete(buf: bytearray) -> bool:
@@ -229,6 +252,7 @@ def measure(root: Path, label: str, waiters: int, samples: int, echoes: int) -> 
         wait_for(lambda: all(w.answered_at is not None or w.eof for w in held), 120, "every question poll's answer")
         stamp = None
         latencies = []
+        arrivals = []
         for waiter in held:
             if waiter.answered_at is None:
                 continue
@@ -236,6 +260,10 @@ def measure(root: Path, label: str, waiters: int, samples: int, echoes: int) -> 
                 body = bytes(waiter.buf).split(b"\r\n\r\n", 1)[1]
                 stamp = json.loads(body)[0]["payload"]["called_at"]
             latencies.append(waiter.answered_at - stamp)
+            if waiter.arrived_at is not None:
+                arrivals.append(waiter.arrived_at - stamp)
+        if arrivals:
+            row["arrived p50"], row["arrived p99"], row["arrived max"] = pct(arrivals, 0.5), pct(arrivals, 0.99), max(arrivals)
         if latencies:
             row["broadcast p50"], row["broadcast p99"], row["broadcast max"] = pct(latencies, 0.5), pct(latencies, 0.99), max(latencies)
         row["broadcast answered"] = len(latencies)
@@ -271,13 +299,15 @@ def main() -> None:
     print(f"\n### {opts.waiters:,} waiting clients (half event streams, half inbox long polls)\n")
     table(
         ("checkout", "streams 200", "refused", "polls answered early", "tree memory over idle", "per waiter",
-         "echo p50 alone", "echo p50 while waiting", "stream wake p50 / p99", "broadcast to polls p50 / p99 / max"),
+         "echo p50 alone", "echo p50 while waiting", "stream wake p50 / p99", "broadcast to polls p50 / p99 / max",
+         "broadcast, the kernel's receipt: p50 / p99 / max"),
         [(
             r["label"], r.get("streams 200"), r.get("refused"), r.get("polls answered early"),
             f"{r.get('MiB more', 0):.1f} MiB", f"{r.get('KiB each', 0):.1f} KiB",
             f(r.get("echo alone")), f"{f(r.get('echo waiting'))} ({r.get('echo waiting', 0) / max(r.get('echo alone', 1), 1e-9):.2f}x)",
             f"{f(r.get('stream wake p50'))} / {f(r.get('stream wake p99'))} (n={r.get('stream samples')})",
             f"{f(r.get('broadcast p50'))} / {f(r.get('broadcast p99'))} / {f(r.get('broadcast max'))} (n={r.get('broadcast answered')})",
+            f"{f(r.get('arrived p50'))} / {f(r.get('arrived p99'))} / {f(r.get('arrived max'))}",
         ) for r in rows],
     )
 

@@ -45,6 +45,12 @@ EVENTS_KEPT = 100_000
 #: The newest events every store also keeps in memory, for the streams a change wakes (the
 #: memory store keeps only these: its whole event log lives in the server's memory).
 RECENT_EVENTS = 10_000
+#: ... and no more than about this many bytes of their data (as JSON), whatever their number:
+#: a ``message`` event carries a whole response, up to ``--max-request-bytes`` (10 MiB), so a
+#: count alone let 10,000 large ones hold gigabytes, deleted sessions' included.
+RECENT_EVENT_BYTES = 32 << 20
+#: What an event costs beyond its data's JSON (the object, its dict, the lists' slots).
+_EVENT_OVERHEAD = 256
 
 
 class StoreError(Exception):
@@ -200,27 +206,46 @@ class Event:
     data: dict[str, Any]
     at: float  # wall clock
     seq: int = 0
+    #: The length of ``data`` as JSON, when a store wrote or read it as such (0: not known);
+    #: what ``RecentEvents`` counts against its byte budget.
+    size: int = field(default=0, compare=False, repr=False)
 
 
 class RecentEvents:
     """The newest committed events, in seq order, kept in memory so the many streams a
     change wakes read it without a query each. Not thread-safe: its store calls it under
     the store's own lock (``extend`` right after the commit, so only committed events are
-    ever here). Holds between ``keep`` and ``2 * keep`` events (trimmed in halves)."""
+    ever here). Holds between ``keep`` and ``2 * keep`` events (trimmed in halves), and, when
+    their data passes ``max_bytes``, drops the oldest down to half of it: the newest event
+    always stays. What was dropped is read from the store (or, for the memory store, whose
+    log this is, a client asking for it is told to reload)."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, max_bytes: int | None = None) -> None:
         self.keep = max(1, keep)
+        self.max_bytes = max(1, RECENT_EVENT_BYTES if max_bytes is None else max_bytes)
         self._events: list[Event] = []
         self._seqs: list[int] = []
+        self._sizes: list[int] = []
+        self.bytes = 0  # the sum of _sizes
 
     def extend(self, events: Sequence[Event]) -> None:
         for event in events:
             if self._seqs and event.seq <= self._seqs[-1]:
                 continue  # never out of order (seqs are assigned under the same lock)
+            size = (event.size or len(json.dumps(event.data))) + _EVENT_OVERHEAD
             self._events.append(event)
             self._seqs.append(event.seq)
-        if len(self._events) > 2 * self.keep:
-            del self._events[: -self.keep], self._seqs[: -self.keep]
+            self._sizes.append(size)
+            self.bytes += size
+        drop = len(self._events) - self.keep if len(self._events) > 2 * self.keep else 0
+        left = self.bytes - sum(self._sizes[:drop])
+        if left > self.max_bytes:
+            while drop < len(self._sizes) - 1 and left > self.max_bytes // 2:
+                left -= self._sizes[drop]
+                drop += 1
+        if drop:
+            self.bytes = left
+            del self._events[:drop], self._seqs[:drop], self._sizes[:drop]
 
     def covers(self, after: int) -> bool:
         """Whether every event with a seq above ``after`` that the store has is here."""

@@ -2,9 +2,10 @@
 
 The server's working copy (``motus.serve.turns``) is the only copy of the sessions, which is
 exactly the behaviour of the first release: a restart loses every session. What only the
-store holds, the event log and the audit records, is kept here in memory: at least the newest
-``RECENT_EVENTS`` events (a client that reconnects after missing more gets a ``reset``), and
-every audit record of a session until it is deleted.
+store holds, the event log and the audit records, is kept here in memory: the newest
+``RECENT_EVENTS`` events, fewer when their data passes ``RECENT_EVENT_BYTES`` (a client that
+reconnects after missing more gets a ``reset``), and every audit record of a session until it
+is deleted.
 
 Threads: every method takes ``_lock``; seqs are assigned under it, so they increase in the
 order the changes were saved.

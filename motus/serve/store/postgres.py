@@ -398,6 +398,9 @@ class PostgresStore(SharedStore):
         once the pipeline has run), or None without events."""
         if not events:
             return None
+        data = [dump_json(e.data) for e in events]
+        for event, text in zip(events, data):
+            event.size = len(text or "")  # what RecentEvents counts
         return conn.execute(
             "WITH c AS (UPDATE motus_event_counter SET seq = seq + %(n)s WHERE id = 1 RETURNING seq) "
             "INSERT INTO motus_events (seq, session_id, kind, data, at) "
@@ -405,7 +408,7 @@ class PostgresStore(SharedStore):
             "unnest(%(sessions)s::text[], %(kinds)s::text[], %(data)s::text[], %(at)s::float8[]) "
             "WITH ORDINALITY AS e(session_id, kind, data, at, ord) RETURNING seq",
             {"n": len(events), "sessions": [e.session_id for e in events], "kinds": [e.kind for e in events],
-             "data": [dump_json(e.data) for e in events], "at": [e.at for e in events]},
+             "data": data, "at": [e.at for e in events]},
         )
 
     def _numbered(self, conn: Any, events: Sequence[Event], cursor: Any) -> int:
@@ -685,7 +688,7 @@ def _session(row: Sequence[Any], journal: list[JournalEntry], history: list[str]
 
 
 def _event(row: Sequence[Any]) -> Event:
-    return Event(session_id=row[1], kind=row[2], data=load_json(row[3]), at=row[4], seq=row[0])
+    return Event(session_id=row[1], kind=row[2], data=load_json(row[3]), at=row[4], seq=row[0], size=len(row[3] or ""))
 
 
 def _one_line(exc: BaseException) -> str:

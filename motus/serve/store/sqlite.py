@@ -484,7 +484,11 @@ class SqliteStore(DurableStore):
         # again, which under many request threads costs more than the insert.
         for first in range(0, len(events), _EVENTS_A_STATEMENT):
             chunk = events[first:first + _EVENTS_A_STATEMENT]
-            values = [value for event in chunk for value in (event.session_id, event.kind, dump_json(event.data), event.at)]
+            values = []
+            for event in chunk:
+                data = dump_json(event.data)
+                event.size = len(data or "")  # what RecentEvents counts
+                values += (event.session_id, event.kind, data, event.at)
             if len(chunk) > 1 and _RETURNING:
                 rows = db.execute(
                     "INSERT INTO events (session_id, kind, data, at) VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(chunk)) + " RETURNING seq",

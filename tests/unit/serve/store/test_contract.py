@@ -30,6 +30,7 @@ import pytest
 
 from motus.serve.journal import pack, unpack
 from motus.serve.store import AuditRecord, Event, MemoryStore, SessionRecord, SharedStore, StaleSession, Store, StoreError, TurnRecord
+from motus.serve.store import base as store_base
 from motus.serve.store.sqlite import SqliteStore
 from tests.unit.serve.store.records import ANSWERED, HISTORY, MESSAGE, MODEL_CALL, PENDING, REPLY, STARTED, live_turn, session
 
@@ -186,6 +187,29 @@ def test_events_get_increasing_seqs_and_are_read_after_a_cursor(backend: Backend
     assert [e.data for e in store.events_after(0, "b", limit=1)] == [{"n": 1}]
     assert store.events_after(5) == []
     assert store.event_bounds() == (1, 5)
+
+
+def test_the_events_held_in_memory_are_bounded_in_bytes_and_a_durable_store_reads_the_rest(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``message`` event carries a whole response, so the newest events a store holds in
+    memory (``RecentEvents``) are bounded by their bytes as well as their number: 60 events
+    of 1 KB against a budget of 20 KB. A durable store reads the older ones from its rows;
+    the memory store, whose log they are, starts its log later (a stream asking for older
+    ones is told to reload). The newest always stays."""
+    monkeypatch.setattr(store_base, "RECENT_EVENT_BYTES", 20_000)
+    store = backend.open()
+    for n in range(60):
+        backend.save(store, session("a"), events=[Event("a", "message", {"content": "x" * 1_000, "n": n}, at=float(n))])
+    held = store._recent  # type: ignore[attr-defined] # what is bounded: every store has one
+    first, last = held.bounds()
+    assert held.bytes <= 20_000 and last == 60 and first > 40, (held.bytes, first, last)
+    if backend.name in DURABLE:
+        assert [e.data["n"] for e in store.events_after(0, limit=100)] == list(range(60))
+        assert store.event_bounds() == (1, 60)
+    else:
+        assert store.event_bounds() == (first, 60)
+        assert [e.seq for e in store.events_after(0, limit=100)] == list(range(first, 61))
 
 
 def test_audit_records_are_kept_per_session_in_order_and_go_with_it(backend: Backend) -> None:

@@ -27,6 +27,7 @@ from motus.serve.store import (
     default_store_url,
     store_from_url,
 )
+from motus.serve.store.base import RecentEvents
 from motus.serve.store.sqlite import SqliteStore
 from tests.conftest import wait_until
 from tests.unit.serve.store.records import MESSAGE, MODEL_CALL, PENDING, REPLY, live_turn, session
@@ -69,6 +70,23 @@ def test_the_memory_store_keeps_nothing() -> None:
 
 
 # -- one server per file ---------------------------------------------------------------------
+
+
+def test_recent_events_keep_the_newest_within_their_count_and_their_bytes() -> None:
+    """``RecentEvents``: past twice its count it keeps the newest ``keep``; past its bytes it
+    drops the oldest down to half of them; an event larger than the whole budget is kept
+    alone (the newest always stays, so a stream woken by it reads it without a query)."""
+    held = RecentEvents(keep=5, max_bytes=10_000)
+    held.extend([Event("a", "status", {"n": n}, at=0.0, seq=n) for n in range(1, 11)])
+    assert held.bounds() == (1, 10)  # at twice the count: not yet
+    held.extend([Event("a", "status", {"n": 11}, at=0.0, seq=11)])
+    assert held.bounds() == (7, 11) and held.covers(6) and not held.covers(5)
+    held.extend([Event("a", "message", {"content": "x" * 20_000}, at=0.0, seq=12)])
+    assert held.bounds() == (12, 12) and held.bytes > 10_000
+    held.extend([Event("a", "message", {"content": "y" * 3_000}, at=0.0, seq=n) for n in (13, 14, 15)])
+    first, last = held.bounds()
+    assert last == 15 and first > 12 and held.bytes <= 10_000
+    assert held.bytes == sum(len(json.dumps(e.data)) + 256 for e in held.after(0, None, 100))
 
 
 def test_a_second_open_of_the_same_file_is_refused_until_the_first_closes(db_path: Path) -> None:

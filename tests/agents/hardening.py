@@ -13,6 +13,7 @@ subprocess as ``tests.agents.hardening:agent``). The first word of the message p
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from motus.models import ChatMessage
@@ -66,3 +67,11 @@ async def agent(message: ChatMessage, state: list[ChatMessage]):
         await interrupt({"type": "tool_approval", "tool_name": "delete_file", "tool_args": {"path": HIDDEN_PATH}})
         return _reply(message, state, "done")
     return _reply(message, state, f"echo: {rest}")
+
+
+async def slow_echo(message: ChatMessage, state: list[ChatMessage]):
+    """Echoes after three seconds: long polls on the session wait for it, then all get the
+    (large) response at once."""
+    await asyncio.sleep(3)
+    response = ChatMessage.assistant_message(content=message.content)
+    return response, state + [message, response]

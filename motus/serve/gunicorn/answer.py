@@ -6,7 +6,8 @@ main loop to send; past those limits the thread writes itself, under a deadline.
 
 Guarantees: a client that does not read its answer holds no thread beyond ``--read-timeout``
 plus a second per ``ANSWER_MIN_RATE`` bytes, nor beyond ``ANSWER_STOP_SECONDS`` after a
-SIGTERM; every byte kept is counted in the worker's total (``Budget``) and uncounted when
+SIGTERM, and such clients together hold at most ``DIRECT_WRITERS`` threads (the others' answers
+are cut off); every byte kept is counted in the worker's total (``Budget``) and uncounted when
 sent or discarded. Threads: the serving thread writes while it serves; afterwards only the
 main loop touches the answer (``flush``, ``deadline``, ``discard``). No gunicorn internals
 are touched here.
@@ -28,8 +29,17 @@ from typing import Any, Protocol
 #: answered 413 with ``Retry-After``; an answer that would take it over is written by its
 #: thread (see ``Answer``).
 MAX_BUFFERED_TOTAL = 64 * 1024 * 1024
-#: The largest answer the main loop sends for a thread; a larger one is written by its thread.
-MAX_HELD_ANSWER = 8 * 1024 * 1024
+#: The largest answer the main loop sends for a thread (half the least total, so one answer
+#: never takes it all); a larger one is written by its thread. It was 8 MiB: four people
+#: opening a 10 MB history at once then took four threads, which ``DIRECT_WRITERS`` now caps.
+MAX_HELD_ANSWER = 32 * 1024 * 1024
+#: At most this many request threads (and at most a quarter of ``--threads``, at least one)
+#: write an answer themselves at a time: one too large for the main loop, or one that came
+#: when the worker's total was full. An answer that needs one when none is free is cut off
+#: (its connection closed, logged with the unread ones): clients that do not read take at
+#: most these threads and their answers' bytes, never every thread (150 clients that never
+#: read a 4 MB history held all 4 threads for 27 s; 300 of an 8 MB one all 128, 1.5 GB).
+DIRECT_WRITERS = 4
 #: A client has ``--read-timeout`` seconds, plus one second per this many bytes, to take an
 #: answer; then its connection is closed.
 ANSWER_MIN_RATE = 256 * 1024
@@ -59,6 +69,12 @@ class Budget(Protocol):
 
     def tally(self, what: str) -> None: ...
 
+    def start_direct(self) -> bool:
+        """Take one of the ``DIRECT_WRITERS`` places of a thread writing itself, if one is free."""
+        ...
+
+    def end_direct(self) -> None: ...
+
 
 class AnswerTimedOut(BrokenPipeError):
     """The client did not take its answer in time (gunicorn ends the connection quietly,
@@ -66,6 +82,21 @@ class AnswerTimedOut(BrokenPipeError):
 
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+#: A held rest of an answer smaller than half of what it is a view of, from this size, is
+#: copied out of it (see ``_alone``).
+_COPY_REST_FROM = 64 * 1024
+
+
+def _alone(view: memoryview) -> bytes | memoryview:
+    """What to hold of an answer's unsent rest: the view itself, or, when it is a small part
+    of a large object (a socket took most of a 4 MB body), a copy, so the object is freed.
+    What the worker's total counts is then the memory held: a view kept the whole body alive
+    for the rest it counted, and 64 MiB counted held ~190 MiB of bodies."""
+    base = view.obj
+    whole = len(base) if isinstance(base, (bytes, bytearray)) else len(view)
+    if whole >= _COPY_REST_FROM and len(view) * 2 < whole:
+        return bytes(view)
+    return view
 
 
 class Answer:
@@ -76,8 +107,9 @@ class Answer:
     take is kept, up to ``MAX_HELD_ANSWER`` and while the worker's total allows, and sent by
     the main loop once the thread is done. So a client that does not read its answer holds
     no thread. Past those limits the thread writes itself, each write under a deadline of
-    ``--read-timeout`` plus a second per ``ANSWER_MIN_RATE`` bytes (then ``AnswerTimedOut``).
-    Anything else (``shutdown``, ``close``, ``setblocking``...) goes to the socket.
+    ``--read-timeout`` plus a second per ``ANSWER_MIN_RATE`` bytes (then ``AnswerTimedOut``),
+    in one of the worker's ``DIRECT_WRITERS`` places; with none free, the answer is cut off
+    (``AnswerTimedOut`` at once). Anything else (``shutdown``, ``close``, ``setblocking``...) goes to the socket.
     """
 
     def __init__(self, sock: socket.socket, worker: Budget) -> None:
@@ -126,7 +158,7 @@ class Answer:
                     return
                 view = view[sent:]
             if self.held + len(view) <= MAX_HELD_ANSWER and self._worker.hold_bytes(len(view)):
-                self.parts.append(view)
+                self.parts.append(_alone(view))
                 self.held += len(view)
                 return
             # Too much for the main loop to keep: from here on, this thread writes.
@@ -162,9 +194,22 @@ class Answer:
 
     def _write(self, parts: list[Any]) -> None:
         """Blocking writes, all of ``parts`` within one deadline, cut short by the server's
-        stop (``Budget.stop_writes_at``). Each ``send`` waits at most ``_STOP_CHECK_SECONDS``
-        and says how much the socket took, so a stop that begins meanwhile is seen within
-        that and no byte is sent twice."""
+        stop (``Budget.stop_writes_at``), in a place of ``DIRECT_WRITERS`` (none free: cut
+        off at once). Each ``send`` waits at most ``_STOP_CHECK_SECONDS`` and says how much
+        the socket took, so a stop that begins meanwhile is seen within that and no byte is
+        sent twice."""
+        if not _DONTWAIT:
+            self._write_blocking(parts)  # no way to write without waiting: every write is a thread's
+            return
+        if not self._worker.start_direct():
+            self._worker.tally("unread")
+            raise AnswerTimedOut(errno.EPIPE, "no room for an answer its client has not taken")
+        try:
+            self._write_blocking(parts)
+        finally:
+            self._worker.end_direct()
+
+    def _write_blocking(self, parts: list[Any]) -> None:
         size = sum(len(part) for part in parts)
         deadline = time.monotonic() + self._worker.read_timeout + size / ANSWER_MIN_RATE
         sock = self._sock
@@ -210,7 +255,7 @@ class Answer:
                     sent -= len(first)
                     parts.popleft()
                 else:
-                    parts[0] = memoryview(first)[sent:]
+                    parts[0] = _alone(memoryview(first)[sent:])
                     sent = 0
         return True
 

@@ -37,6 +37,7 @@ _REASONS = {
     414: "URI Too Long",
     417: "Expectation Failed",
     431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
 }
 
 

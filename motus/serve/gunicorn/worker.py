@@ -52,7 +52,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from motus.serve.gunicorn.answer import ANSWER_STOP_SECONDS, MAX_BUFFERED_TOTAL, MAX_HELD_ANSWER, Answer
+from motus.serve.gunicorn.answer import ANSWER_STOP_SECONDS, DIRECT_WRITERS, MAX_BUFFERED_TOTAL, MAX_HELD_ANSWER, Answer
 from motus.serve.gunicorn.copies import COPIES_PER_BATCH, GONE, Copies, send_copies
 from motus.serve.gunicorn.copies import senders as copy_senders
 from motus.serve.gunicorn.framing import (
@@ -176,6 +176,9 @@ class MotusWorker(WorkerSeam):
         self._lingering: dict[Any, list[float]] = {}  # [deadline, bytes drained]; deadline order
         self._buffered = 0  # bytes held for clients: requests being read, answers being sent
         self._buffered_lock = threading.Lock()
+        #: Threads writing an answer themselves (answer.DIRECT_WRITERS), under _buffered_lock.
+        self._direct = 0
+        self._direct_most = min(DIRECT_WRITERS, max(1, self.cfg.threads // 4))
         self._held: dict[Any, float] = {}  # waiting requests held without a thread -> deadline
         self._held_deadlines: list[tuple[float, int, Any]] = []  # heap; stale entries skipped
         self._held_order = itertools.count()
@@ -255,6 +258,17 @@ class MotusWorker(WorkerSeam):
             self._buffered += size
             return True
 
+    def start_direct(self) -> bool:
+        with self._buffered_lock:
+            if self._direct >= self._direct_most:
+                return False
+            self._direct += 1
+            return True
+
+    def end_direct(self) -> None:
+        with self._buffered_lock:
+            self._direct -= 1
+
     def _buffered_total(self) -> int:
         with self._buffered_lock:
             return self._buffered
@@ -276,7 +290,7 @@ class MotusWorker(WorkerSeam):
         if counts["refused"]:
             parts.append(f"refused {counts['refused']} request(s) past a limit or with malformed framing")
         if counts["unread"]:
-            parts.append(f"closed {counts['unread']} connection(s) whose client did not take its answer in time")
+            parts.append(f"closed {counts['unread']} connection(s) whose client did not take its answer in time, or whose answer found no room left for such clients")
         if parts:
             text = "; ".join(parts)
             self.log.warning("%s; a reverse proxy in front of motus can absorb slow clients", text[0].upper() + text[1:])
@@ -577,11 +591,32 @@ class MotusWorker(WorkerSeam):
             # Batch by batch, so the senders start while the main loop prepares the next.
             ready, refused = copies.prepare(alike[start:start + COPIES_PER_BATCH])
             for conn in refused:
-                self._rerun(conn)
+                if len(copy) > MAX_HELD_ANSWER:
+                    self._rerun(conn)  # too large for the main loop: a thread writes it
+                else:
+                    self._no_room_for_copy(conn)
             if inline:
                 self._copies_sent(send_copies(ready), done, result)
             else:
                 self._copy_senders.submit(self._send_copies, ready, done, result)  # type: ignore[union-attr]
+
+    def _no_room_for_copy(self, conn: Any) -> None:
+        """An alike long poll whose copy the worker's total cannot hold now (clients have not
+        taken the answers they were sent): a 503 with ``Retry-After``, sent from here. Served
+        again on a thread instead, each would make the same large answer, and with no room
+        to hold it, cut it off (1,000 such polls of a 3 MB answer kept every thread busy for
+        a minute)."""
+        self._leave_aside(conn)
+        ticket: Ticket | None = conn.motus_ticket
+        conn.motus_ticket = conn.motus_rerun = None
+        if ticket is not None:
+            ticket.cancel()
+        self.tally("refused")
+        self._send_nowait(conn, status_answer(
+            503, f"Answer not sent now: the server already holds {self._budget // 2**20} MiB of answers its clients "
+            "have not taken; retry later", (("Retry-After", "1"),),
+        ))
+        self._linger(conn)
 
     def _send_copies(self, ready: list[tuple[Any, bytes]], done: Any, result: Any) -> None:
         """A copy sender: send a batch of copies, then hand the batch back to the main loop."""

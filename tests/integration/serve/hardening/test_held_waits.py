@@ -354,15 +354,15 @@ def read_all(raws: list[Raw], timeout: float = 60.0) -> list[bytes]:
 def test_alike_long_polls_with_a_large_answer_and_a_small_window_each_get_it_whole(
     start_server, opened: list[Raw],
 ) -> None:
-    """A copy the socket does not take at once is kept for the main loop to send. An answer
-    larger than one the main loop may keep (``MAX_HELD_ANSWER``, 8 MiB), or copies past the
-    worker's total (64 MiB), must not cut an alike poll off mid-answer: served on its own, a
-    thread would have written it whole to a client that reads, however slowly its window opens."""
+    """A copy the socket does not take at once is kept for the main loop to send, a large one
+    too (12 MiB, three times, within the worker's total): no alike poll is cut off mid-answer
+    or refused, however slowly its window opens. (Copies past the total are refused whole,
+    with a 503 and ``Retry-After``: ``test_slow_clients_attacks.py``.)"""
     server = start_server("tests.agents:dispatch", *ARGS, "--max-request-bytes", str(32 * 1024 * 1024))
     hanging, sid = server.create_session(), server.create_session()
     server.send(hanging, "hang")  # takes the one turn worker: the next turn waits for it
     size = 12 * 1024 * 1024
-    server.send(sid, "echo " + "x" * size)  # its session's answer: 12 MiB, more than a socket takes at once plus 8 MiB
+    server.send(sid, "echo " + "x" * size)  # its session's answer: 12 MiB, more than a socket takes at once
     polls = [Raw(server, f"/sessions/{sid}?wait=true&timeout=120", rcvbuf=4096) for _ in range(3)]
     opened += polls
     wait_until(lambda: long_polls_open(server) == 3, what="every long poll waiting")
@@ -465,12 +465,16 @@ def test_alike_long_polls_set_aside_while_their_first_waits_for_a_thread(start_s
     are closed once the first is answered (no descriptor kept, no worker error); a stop then
     still answers (or closes) every one of them promptly."""
     # The hung turn's --timeout: long enough that, on a loaded machine, the approval sent at
-    # half of it still reaches its interrupt within its own (4 s was lost once in CI).
-    turn_timeout = 10
-    server = start_server("tests.agents:dispatch", *ARGS, "--timeout", str(turn_timeout), "--read-timeout", "30",
+    # half of it still reaches its interrupt within its own (4 s was lost once in CI), and
+    # that the ten polls, each half a second on the one thread before it is held, and the
+    # blockers are all in place before the approval runs.
+    turn_timeout = 20
+    # One thread: clients that do not read hold at most one (answer.DIRECT_WRITERS), so one
+    # is every thread.
+    server = start_server("tests.agents:dispatch", *ARGS, "--threads", "1", "--timeout", str(turn_timeout), "--read-timeout", "30",
                           "--max-request-bytes", str(40 * 1024 * 1024))
     big = server.create_session()
-    server.send(big, "echo " + "x" * (20 * 1024 * 1024))  # an answer no thread can leave to the main loop
+    server.send(big, "echo " + "x" * (38 * 1024 * 1024))  # no thread can leave it to the main loop (32 MiB at most)
     server.wait_for_status(big, "idle", timeout=60)
     hanging, asking = server.create_session(), server.create_session()
     server.send(hanging, "hang")  # killed at --timeout; then the approval, queued behind it, runs
@@ -487,7 +491,7 @@ def test_alike_long_polls_set_aside_while_their_first_waits_for_a_thread(start_s
     worker = serving_process(server)
     baseline = worker.num_fds()
     fds = [server_fd(worker, poll) for poll in polls]
-    blockers = [Raw(server, f"/sessions/{big}", rcvbuf=4096) for _ in range(4)]  # read nothing: every thread writes
+    blockers = [Raw(server, f"/sessions/{big}", rcvbuf=4096)]  # reads nothing: the thread writes
     opened += blockers
     wait_until(lambda: all(unsent_bytes(server, blocker) > 0 for blocker in blockers), what="every thread busy")
     # The approval wakes every poll: the first leaves the selector to wait for a thread, the

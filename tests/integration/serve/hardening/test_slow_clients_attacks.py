@@ -16,6 +16,16 @@ STATE = [{"role": "user", "content": "x" * 1000}] * 4000
 STALLED = 150
 
 
+def worst_health(server, times: int = 5) -> float:
+    """The longest of ``times`` ``GET /health`` in a row: each needs a request thread."""
+    worst = 0.0
+    for _ in range(times):
+        started = time.monotonic()
+        assert server.get("/health", timeout=120).status_code == 200
+        worst = max(worst, time.monotonic() - started)
+    return worst
+
+
 def test_clients_that_never_read_large_answers_do_not_stall_everybody_else(start_server, opened: list) -> None:
     """150 clients (one address, a small receive window) ask for a 4 MB history and read
     nothing. The worker keeps at most 64 MiB of unsent answers; past that the request thread
@@ -34,14 +44,10 @@ def test_clients_that_never_read_large_answers_do_not_stall_everybody_else(start
     assert created.status_code == 201, created.text
     sid = created.json()["session_id"]
     assert len(server.get(f"/sessions/{sid}/messages").content) > 4_000_000
-    opened += [Raw(server, f"/sessions/{sid}/messages", rcvbuf=4096) for _ in range(STALLED)]
-    time.sleep(3)  # each is served, and what the socket does not take waits for its client
-    worst = 0.0
-    for _ in range(5):
-        started = time.monotonic()
-        assert server.get("/health", timeout=60).status_code == 200
-        worst = max(worst, time.monotonic() - started)
-        time.sleep(0.5)
+    clients = [Raw(server, f"/sessions/{sid}/messages", rcvbuf=4096) for _ in range(STALLED)]
+    opened += clients
+    wait_until(lambda: all(client.ready() for client in clients), timeout=60, what="every request served (some bytes, or cut off)")
+    worst = worst_health(server)
     assert worst < 2.0, f"/health took {worst:.1f} s while {STALLED} clients did not read their answers"
 
 
@@ -84,19 +90,15 @@ def test_alike_long_polls_that_never_read_a_large_answer_do_not_stall_everybody_
     server = start_server("tests.agents.hardening:slow_echo", "--threads", "4")
     sid = server.create_session()
     assert server.send(sid, "b" * 6_000_000).status_code == 202  # answered after 3 s
-    opened += [Raw(server, f"/sessions/{sid}?wait=true&timeout=120", rcvbuf=4096) for _ in range(30)]
+    polls = [Raw(server, f"/sessions/{sid}?wait=true&timeout=120", rcvbuf=4096) for _ in range(30)]
+    opened += polls
     server.wait_for_status(sid, "idle", timeout=30)
-    time.sleep(1)  # the woken polls are being answered
-    worst = 0.0
-    for _ in range(5):
-        started = time.monotonic()
-        assert server.get("/health", timeout=120).status_code == 200
-        worst = max(worst, time.monotonic() - started)
-        time.sleep(0.5)
+    wait_until(lambda: all(poll.ready() for poll in polls), timeout=60, what="every poll woken and answered (or refused)")
+    worst = worst_health(server)
     assert worst < 2.0, f"/health took {worst:.1f} s while 30 alike long polls did not read their 6 MB answer"
     # Each was answered: the answer (copies the worker's 64 MiB could hold), or, past them,
     # a 503 that says when to ask again, never an answer cut off before it began.
-    heads = [raw.read_until(b"\r\n\r\n").split(b"\r\n\r\n", 1)[0] for raw in opened]
+    heads = [poll.read_until(b"\r\n\r\n").split(b"\r\n\r\n", 1)[0] for poll in polls]
     refused = [head for head in heads if head.startswith(b"HTTP/1.1 503 ")]
     assert all(head.startswith(b"HTTP/1.1 200 ") for head in heads if head not in refused), heads
     assert refused and all(b"\r\nRetry-After: 1\r\n" in head + b"\r\n" for head in refused), heads

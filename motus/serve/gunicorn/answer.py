@@ -6,8 +6,8 @@ main loop to send; past those limits the thread writes itself, under a deadline.
 
 Guarantees: a client that does not read its answer holds no thread beyond ``--read-timeout``
 plus a second per ``ANSWER_MIN_RATE`` bytes, nor beyond ``ANSWER_STOP_SECONDS`` after a
-SIGTERM, and such clients together hold at most ``DIRECT_WRITERS`` threads (the others' answers
-are cut off); every byte kept is counted in the worker's total (``Budget``) and uncounted when
+SIGTERM, and such clients together hold at most ``DIRECT_WRITERS`` threads (past those, the
+answers of clients that take nothing are cut off); every byte kept is counted in the worker's total (``Budget``) and uncounted when
 sent or discarded. Threads: the serving thread writes while it serves; afterwards only the
 main loop touches the answer (``flush``, ``deadline``, ``discard``). No gunicorn internals
 are touched here.
@@ -34,12 +34,20 @@ MAX_BUFFERED_TOTAL = 64 * 1024 * 1024
 #: opening a 10 MB history at once then took four threads, which ``DIRECT_WRITERS`` now caps.
 MAX_HELD_ANSWER = 32 * 1024 * 1024
 #: At most this many request threads (and at most a quarter of ``--threads``, at least one)
-#: write an answer themselves at a time: one too large for the main loop, or one that came
-#: when the worker's total was full. An answer that needs one when none is free is cut off
-#: (its connection closed, logged with the unread ones): clients that do not read take at
-#: most these threads and their answers' bytes, never every thread (150 clients that never
-#: read a 4 MB history held all 4 threads for 27 s; 300 of an 8 MB one all 128, 1.5 GB).
+#: wait at a time on a client that takes nothing of an answer they write themselves (one too
+#: large for the main loop, or one that came when the worker's total was full). A thread
+#: writing to a client that reads holds no place: it takes one only once its client has
+#: taken nothing for ``STALLED_AFTER``, and gives it back when the client reads again. With
+#: none free, the answer is cut off (its connection closed, logged with the unread ones).
+#: So clients that do not read take at most these threads, never every thread (150 clients
+#: that never read a 4 MB history held all 4 threads for 27 s; 300 of an 8 MB one all 128
+#: and 1.5 GB), and people who read a large answer are not turned away for them.
 DIRECT_WRITERS = 4
+#: How long a client may take nothing before its thread needs one of the places.
+STALLED_AFTER = 0.5
+#: (Threads writing answers themselves at all, reading clients' included, are at most a
+#: quarter of ``--threads``, at least two: each holds its whole answer. 200 clients that never
+#: read a 4 MB history otherwise had ~128 such answers alive at once before being cut off.)
 #: A client has ``--read-timeout`` seconds, plus one second per this many bytes, to take an
 #: answer; then its connection is closed.
 ANSWER_MIN_RATE = 256 * 1024
@@ -70,10 +78,20 @@ class Budget(Protocol):
     def tally(self, what: str) -> None: ...
 
     def start_direct(self) -> bool:
-        """Take one of the ``DIRECT_WRITERS`` places of a thread writing itself, if one is free."""
+        """Take one of the ``DIRECT_WRITERS`` places of a thread waiting on its client, if one is free."""
         ...
 
     def end_direct(self) -> None: ...
+
+    def start_writing(self) -> bool:
+        """Count one more thread writing an answer itself, if fewer than its most do."""
+        ...
+
+    def end_writing(self) -> None: ...
+
+
+class _NoPlace(Exception):
+    """No place of ``DIRECT_WRITERS`` was free for a thread whose client takes nothing."""
 
 
 class AnswerTimedOut(BrokenPipeError):
@@ -108,8 +126,8 @@ class Answer:
     the main loop once the thread is done. So a client that does not read its answer holds
     no thread. Past those limits the thread writes itself, each write under a deadline of
     ``--read-timeout`` plus a second per ``ANSWER_MIN_RATE`` bytes (then ``AnswerTimedOut``),
-    in one of the worker's ``DIRECT_WRITERS`` places; with none free, the answer is cut off
-    (``AnswerTimedOut`` at once). Anything else (``shutdown``, ``close``, ``setblocking``...) goes to the socket.
+    holding one of the worker's ``DIRECT_WRITERS`` places while its client takes nothing;
+    with none free, the answer is cut off (``AnswerTimedOut``). Anything else (``shutdown``, ``close``, ``setblocking``...) goes to the socket.
     """
 
     def __init__(self, sock: socket.socket, worker: Budget) -> None:
@@ -194,42 +212,59 @@ class Answer:
 
     def _write(self, parts: list[Any]) -> None:
         """Blocking writes, all of ``parts`` within one deadline, cut short by the server's
-        stop (``Budget.stop_writes_at``), in a place of ``DIRECT_WRITERS`` (none free: cut
-        off at once). Each ``send`` waits at most ``_STOP_CHECK_SECONDS`` and says how much
-        the socket took, so a stop that begins meanwhile is seen within that and no byte is
-        sent twice."""
-        if not _DONTWAIT:
-            self._write_blocking(parts)  # no way to write without waiting: every write is a thread's
-            return
-        if not self._worker.start_direct():
-            self._worker.tally("unread")
-            raise AnswerTimedOut(errno.EPIPE, "no room for an answer its client has not taken")
-        try:
-            self._write_blocking(parts)
-        finally:
-            self._worker.end_direct()
-
-    def _write_blocking(self, parts: list[Any]) -> None:
+        stop (``Budget.stop_writes_at``), and, since a thread is one of few, given up when the
+        client takes nothing for ``--read-timeout`` seconds (four clients that never read a
+        60 MB history held every place for ~240 s). While the client takes nothing the thread
+        holds one of the ``DIRECT_WRITERS`` places (none free: cut off). Each ``send`` waits at
+        most ``_STOP_CHECK_SECONDS`` and says how much the socket took, so a stop that begins
+        meanwhile is seen within that and no byte is sent twice."""
         size = sum(len(part) for part in parts)
-        deadline = time.monotonic() + self._worker.read_timeout + size / ANSWER_MIN_RATE
+        stall = self._worker.read_timeout
+        progress = time.monotonic()
+        deadline = progress + stall + size / ANSWER_MIN_RATE
         sock = self._sock
+        placing = bool(_DONTWAIT)  # where nothing can be written without waiting, every write is a thread's
+        placed = False
+        if placing and not self._worker.start_writing():
+            self._worker.tally("unread")  # each holds its whole answer: a quarter of the threads at most
+            raise AnswerTimedOut(errno.EPIPE, "no room for another answer written by its thread")
         try:
             for part in parts:
                 view = memoryview(part)
                 while view:
-                    remaining = min(deadline, self._worker.stop_writes_at) - time.monotonic()
+                    now = time.monotonic()
+                    if placing and not placed and now - progress >= STALLED_AFTER:
+                        if not self._worker.start_direct():
+                            raise _NoPlace
+                        placed = True
+                    remaining = min(deadline, progress + stall, self._worker.stop_writes_at) - now
                     if remaining <= 0:
                         raise TimeoutError
-                    sock.settimeout(min(remaining, _STOP_CHECK_SECONDS))
+                    wait = min(remaining, _STOP_CHECK_SECONDS)
+                    if placing and not placed:
+                        wait = min(wait, max(0.001, progress + STALLED_AFTER - now))
+                    sock.settimeout(wait)
                     try:
                         sent = sock.send(view[:_WRITE_PIECE])
                     except TimeoutError:
                         continue  # nothing taken yet: look at the deadlines again
+                    if sent:
+                        progress = time.monotonic()
+                        if placed:
+                            self._worker.end_direct()  # it reads again
+                            placed = False
                     view = view[sent:]
         except TimeoutError:
             self._worker.tally("unread")
             raise AnswerTimedOut(errno.EPIPE, "the client did not take its answer in time") from None
+        except _NoPlace:
+            self._worker.tally("unread")
+            raise AnswerTimedOut(errno.EPIPE, "no room for another answer its client does not take") from None
         finally:
+            if placed:
+                self._worker.end_direct()
+            if placing:
+                self._worker.end_writing()
             try:
                 sock.settimeout(None)
             except OSError:

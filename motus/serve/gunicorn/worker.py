@@ -179,6 +179,10 @@ class MotusWorker(WorkerSeam):
         #: Threads writing an answer themselves (answer.DIRECT_WRITERS), under _buffered_lock.
         self._direct = 0
         self._direct_most = min(DIRECT_WRITERS, max(1, self.cfg.threads // 4))
+        #: Threads writing an answer themselves at all, reading clients' included (each holds
+        #: its whole answer), under _buffered_lock: at most a quarter of --threads, at least 2.
+        self._writers = 0
+        self._writers_most = max(2, self.cfg.threads // 4)
         self._held: dict[Any, float] = {}  # waiting requests held without a thread -> deadline
         self._held_deadlines: list[tuple[float, int, Any]] = []  # heap; stale entries skipped
         self._held_order = itertools.count()
@@ -268,6 +272,17 @@ class MotusWorker(WorkerSeam):
     def end_direct(self) -> None:
         with self._buffered_lock:
             self._direct -= 1
+
+    def start_writing(self) -> bool:
+        with self._buffered_lock:
+            if self._writers >= self._writers_most:
+                return False
+            self._writers += 1
+            return True
+
+    def end_writing(self) -> None:
+        with self._buffered_lock:
+            self._writers -= 1
 
     def _buffered_total(self) -> int:
         with self._buffered_lock:

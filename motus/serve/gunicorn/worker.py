@@ -176,13 +176,13 @@ class MotusWorker(WorkerSeam):
         self._lingering: dict[Any, list[float]] = {}  # [deadline, bytes drained]; deadline order
         self._buffered = 0  # bytes held for clients: requests being read, answers being sent
         self._buffered_lock = threading.Lock()
-        #: Threads writing an answer themselves (answer.DIRECT_WRITERS), under _buffered_lock.
-        self._direct = 0
-        self._direct_most = min(DIRECT_WRITERS, max(1, self.cfg.threads // 4))
-        #: Threads writing an answer themselves at all, reading clients' included (each holds
-        #: its whole answer), under _buffered_lock: at most a quarter of --threads, at least 2.
-        self._writers = 0
-        self._writers_most = max(2, self.cfg.threads // 4)
+        #: Threads writing an answer themselves, [now, most], under _buffered_lock: "stalled",
+        #: those whose client takes nothing (answer.DIRECT_WRITERS places); "writing", all of
+        #: them, readers' included (each holds its whole answer): a quarter of --threads, 2 at least.
+        self._writers = {
+            "stalled": [0, min(DIRECT_WRITERS, max(1, self.cfg.threads // 4))],
+            "writing": [0, max(2, self.cfg.threads // 4)],
+        }
         self._held: dict[Any, float] = {}  # waiting requests held without a thread -> deadline
         self._held_deadlines: list[tuple[float, int, Any]] = []  # heap; stale entries skipped
         self._held_order = itertools.count()
@@ -263,26 +263,28 @@ class MotusWorker(WorkerSeam):
             return True
 
     def start_direct(self) -> bool:
-        with self._buffered_lock:
-            if self._direct >= self._direct_most:
-                return False
-            self._direct += 1
-            return True
+        return self._take_place("stalled")
 
     def end_direct(self) -> None:
-        with self._buffered_lock:
-            self._direct -= 1
+        self._give_place("stalled")
 
     def start_writing(self) -> bool:
-        with self._buffered_lock:
-            if self._writers >= self._writers_most:
-                return False
-            self._writers += 1
-            return True
+        return self._take_place("writing")
 
     def end_writing(self) -> None:
+        self._give_place("writing")
+
+    def _take_place(self, kind: str) -> bool:
         with self._buffered_lock:
-            self._writers -= 1
+            count = self._writers[kind]
+            if count[0] >= count[1]:
+                return False
+            count[0] += 1
+            return True
+
+    def _give_place(self, kind: str) -> None:
+        with self._buffered_lock:
+            self._writers[kind][0] -= 1
 
     def _buffered_total(self) -> int:
         with self._buffered_lock:

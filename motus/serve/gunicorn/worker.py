@@ -90,6 +90,9 @@ LINGER_SECONDS = 2.0
 LINGER_MAX_BYTES = 64 * 1024
 #: How often the worker logs the clients it dropped or refused (one line for all of them).
 DROP_LOG_INTERVAL = 60.0
+#: How long a woken alike long poll waits for room for its copy in the worker's total (the
+#: copies before it being taken) before it is answered 503 with ``Retry-After``.
+COPY_ROOM_WAIT_SECONDS = 2.0
 
 _READ_CHUNK = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -192,6 +195,9 @@ class MotusWorker(WorkerSeam):
         self._counts_logged_at = -math.inf
         self._notified_at = -math.inf
         self._copy_senders: ThreadPoolExecutor | None = None  # made at the first large broadcast
+        #: Alike long polls whose copy waits for room in the worker's total, oldest first:
+        #: (deadline, copies, conn, done, result). The main loop's only.
+        self._copies_waiting: deque[tuple[float, Copies, Any, Any, Any]] = deque()
 
     #: gunicorn's loop tells the arbiter it is alive on every pass, with a ``utime()`` of a
     #: file each time: two or three a turn under load. The arbiter gives a silent worker
@@ -610,19 +616,37 @@ class MotusWorker(WorkerSeam):
             for conn in refused:
                 if len(copy) > MAX_HELD_ANSWER:
                     self._rerun(conn)  # too large for the main loop: a thread writes it
-                else:
-                    self._no_room_for_copy(conn)
+                else:  # sent once the copies before it are taken (_retry_copies), or a 503
+                    self._copies_waiting.append((time.monotonic() + COPY_ROOM_WAIT_SECONDS, copies, conn, done, result))
             if inline:
                 self._copies_sent(send_copies(ready), done, result)
             else:
                 self._copy_senders.submit(self._send_copies, ready, done, result)  # type: ignore[union-attr]
 
+    def _retry_copies(self, now: float, force: bool) -> None:
+        """Main loop, once a pass: alike long polls waiting for room for their copy get it,
+        oldest first, as the copies sent before them are taken (30 people reading a 6 MB
+        answer at once: 19 were refused when their copies were counted before any was sent);
+        one still waiting after ``COPY_ROOM_WAIT_SECONDS``, or at a stop, gets a 503."""
+        waiting = self._copies_waiting
+        while waiting:
+            deadline, copies, conn, done, result = waiting[0]
+            if force or deadline <= now:
+                waiting.popleft()
+                self._no_room_for_copy(conn)
+                continue
+            ready, refused = copies.prepare([conn])
+            if refused:
+                return  # still no room: the ones behind it wait too, in order
+            waiting.popleft()
+            self._copies_sent(send_copies(ready), done, result)
+
     def _no_room_for_copy(self, conn: Any) -> None:
-        """An alike long poll whose copy the worker's total cannot hold now (clients have not
-        taken the answers they were sent): a 503 with ``Retry-After``, sent from here. Served
-        again on a thread instead, each would make the same large answer, and with no room
-        to hold it, cut it off (1,000 such polls of a 3 MB answer kept every thread busy for
-        a minute)."""
+        """An alike long poll whose copy the worker's total could not hold for
+        ``COPY_ROOM_WAIT_SECONDS`` (clients have not taken the answers they were sent): a 503
+        with ``Retry-After``, sent from here. Served again on a thread instead, each would make
+        the same large answer, and with no room to hold it, cut it off (1,000 such polls of a
+        3 MB answer kept every thread busy for a minute)."""
         self._leave_aside(conn)
         ticket: Ticket | None = conn.motus_ticket
         conn.motus_ticket = conn.motus_rerun = None
@@ -840,6 +864,7 @@ class MotusWorker(WorkerSeam):
             del self._lingering[conn]
             self.unwatch(conn)
             self.close_connection(conn)
+        self._retry_copies(now, force)
         self._expire_held(now, force)
         self._log_counts(now)
 
@@ -854,6 +879,8 @@ class MotusWorker(WorkerSeam):
             deadlines.append(next(iter(self._lingering.values()))[0])
         if self._held_deadlines:
             deadlines.append(self._held_deadlines[0][0])
+        if self._copies_waiting:
+            deadlines.append(self._copies_waiting[0][0])
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - time.monotonic()) + 0.01)
         return timeout

@@ -627,11 +627,11 @@ class MotusWorker(WorkerSeam):
         """Main loop, once a pass: alike long polls waiting for room for their copy get it,
         oldest first, as the copies sent before them are taken (30 people reading a 6 MB
         answer at once: 19 were refused when their copies were counted before any was sent);
-        one still waiting after ``COPY_ROOM_WAIT_SECONDS``, or at a stop, gets a 503."""
+        one still waiting after ``COPY_ROOM_WAIT_SECONDS``, or once the worker stops, gets a 503."""
         waiting = self._copies_waiting
         while waiting:
             deadline, copies, conn, done, result = waiting[0]
-            if force or deadline <= now:
+            if force or not self.alive or deadline <= now:  # at a stop, at once, as held polls
                 waiting.popleft()
                 self._no_room_for_copy(conn)
                 continue

@@ -6,6 +6,7 @@ thread"; "what the server holds for clients (... answers not yet taken) is bound
 
 from __future__ import annotations
 
+import signal
 import time
 
 from tests.conftest import wait_until
@@ -104,3 +105,25 @@ def test_alike_long_polls_that_never_read_a_large_answer_do_not_stall_everybody_
     refused = [head for head in heads if head.startswith(b"HTTP/1.1 503 ")]
     assert all(head.startswith(b"HTTP/1.1 200 ") for head in heads if head not in refused), heads
     assert refused and all(b"\r\nRetry-After: 1\r\n" in head + b"\r\n" for head in refused), heads
+
+
+def test_a_stop_answers_alike_polls_whose_copies_wait_for_room_at_once(start_server, opened: list) -> None:
+    """SIGTERM while copies of a 6 MB answer wait for room (30 alike polls that never read:
+    the 64 MiB holds about ten): each waiting one gets its 503 at once, as held polls are
+    answered at a stop. An attack found them answered only at their own deadline, two
+    seconds after the wake (1.88 s after the SIGTERM)."""
+    server = start_server("tests.agents.hardening:slow_echo", "--threads", "4", "--shutdown-timeout", "3")
+    sid = server.create_session()
+    assert server.send(sid, "b" * 6_000_000).status_code == 202
+    polls = [Raw(server, f"/sessions/{sid}?wait=true&timeout=120", rcvbuf=4096) for _ in range(30)]
+    opened += polls
+    server.wait_for_status(sid, "idle", timeout=30)
+    wait_until(lambda: sum(poll.ready() for poll in polls) >= 8, timeout=10, what="the copies the 64 MiB holds sent")
+    waiting = [poll for poll in polls if not poll.ready()]
+    assert waiting, "no copy waited for room"
+    server.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: all(poll.ready() for poll in waiting), timeout=1.5, what="every waiting copy answered at the stop")
+    heads = [poll.read_until(b"\r\n") for poll in waiting]
+    assert all(head.startswith((b"HTTP/1.1 503 ", b"HTTP/1.1 200 ")) for head in heads), heads
+    assert server.process.wait(20) == 0
+    assert "Traceback" not in server.log()

@@ -77,21 +77,17 @@ class Budget(Protocol):
 
     def tally(self, what: str) -> None: ...
 
-    def start_direct(self) -> bool:
-        """Take one of the ``DIRECT_WRITERS`` places of a thread waiting on its client, if one is free."""
+    def take_place(self, kind: str) -> bool:
+        """Count one more thread writing an answer itself (``"writing"``), or one of those
+        waiting on a client that takes nothing (``"stalled"``: the ``DIRECT_WRITERS``
+        places), if fewer than the most of that kind do."""
         ...
 
-    def end_direct(self) -> None: ...
-
-    def start_writing(self) -> bool:
-        """Count one more thread writing an answer itself, if fewer than its most do."""
-        ...
-
-    def end_writing(self) -> None: ...
+    def give_place(self, kind: str) -> None: ...
 
 
 class _NoPlace(Exception):
-    """No place of ``DIRECT_WRITERS`` was free for a thread whose client takes nothing."""
+    """No place was free for a thread writing an answer itself (``Budget.take_place``)."""
 
 
 class AnswerTimedOut(BrokenPipeError):
@@ -225,16 +221,18 @@ class Answer:
         sock = self._sock
         placing = bool(_DONTWAIT)  # where nothing can be written without waiting, every write is a thread's
         placed = False
-        if placing and not self._worker.start_writing():
-            self._worker.tally("unread")  # each holds its whole answer: a quarter of the threads at most
-            raise AnswerTimedOut(errno.EPIPE, "no room for another answer written by its thread")
+        writing = False
         try:
+            if placing:
+                if not self._worker.take_place("writing"):  # each holds its whole answer
+                    raise _NoPlace
+                writing = True
             for part in parts:
                 view = memoryview(part)
                 while view:
                     now = time.monotonic()
                     if placing and not placed and now - progress >= STALLED_AFTER:
-                        if not self._worker.start_direct():
+                        if not self._worker.take_place("stalled"):
                             raise _NoPlace
                         placed = True
                     remaining = min(deadline, progress + stall, self._worker.stop_writes_at) - now
@@ -251,7 +249,7 @@ class Answer:
                     if sent:
                         progress = time.monotonic()
                         if placed:
-                            self._worker.end_direct()  # it reads again
+                            self._worker.give_place("stalled")  # it reads again
                             placed = False
                     view = view[sent:]
         except TimeoutError:
@@ -259,12 +257,12 @@ class Answer:
             raise AnswerTimedOut(errno.EPIPE, "the client did not take its answer in time") from None
         except _NoPlace:
             self._worker.tally("unread")
-            raise AnswerTimedOut(errno.EPIPE, "no room for another answer its client does not take") from None
+            raise AnswerTimedOut(errno.EPIPE, "no room for another answer written by its thread") from None
         finally:
             if placed:
-                self._worker.end_direct()
-            if placing:
-                self._worker.end_writing()
+                self._worker.give_place("stalled")
+            if writing:
+                self._worker.give_place("writing")
             try:
                 sock.settimeout(None)
             except OSError:

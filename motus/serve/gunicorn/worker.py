@@ -268,19 +268,7 @@ class MotusWorker(WorkerSeam):
             self._buffered += size
             return True
 
-    def start_direct(self) -> bool:
-        return self._take_place("stalled")
-
-    def end_direct(self) -> None:
-        self._give_place("stalled")
-
-    def start_writing(self) -> bool:
-        return self._take_place("writing")
-
-    def end_writing(self) -> None:
-        self._give_place("writing")
-
-    def _take_place(self, kind: str) -> bool:
+    def take_place(self, kind: str) -> bool:
         with self._buffered_lock:
             count = self._writers[kind]
             if count[0] >= count[1]:
@@ -288,7 +276,7 @@ class MotusWorker(WorkerSeam):
             count[0] += 1
             return True
 
-    def _give_place(self, kind: str) -> None:
+    def give_place(self, kind: str) -> None:
         with self._buffered_lock:
             self._writers[kind][0] -= 1
 
